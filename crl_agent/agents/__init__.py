@@ -1,0 +1,29 @@
+"""Agents by name, plus ``module:Class`` for third-party agents."""
+
+from __future__ import annotations
+
+import importlib
+
+from crl_agent.agents.base import Agent, EpisodeContext, EpisodeResult, Policy
+
+BUILTIN = {
+    "random": "crl_agent.agents.random:RandomAgent",
+    "oracle": "crl_agent.agents.oracle:OracleAgent",
+}
+
+__all__ = ["Agent", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "BUILTIN"]
+
+
+def load_agent_class(name: str) -> type[Agent]:
+    """Resolve a built-in agent name or a ``module:Class`` path."""
+    path = BUILTIN.get(name, name)
+    if ":" not in path:
+        raise ValueError(f"unknown agent {name!r}: use one of {sorted(BUILTIN)} or module:Class")
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load agent {path!r}: {e}") from e
+    if not (isinstance(cls, type) and issubclass(cls, Agent)):
+        raise ValueError(f"{path!r} is not a subclass of crl_agent.agents.base.Agent")
+    return cls

@@ -1,0 +1,96 @@
+"""The agent interface that the eval harness drives.
+
+An :class:`Agent` makes one :class:`Policy` per episode. The harness calls the
+policy's async :meth:`Policy.act` with each observation and ``info`` dict, and tells
+the agent how the episode ended through :meth:`Agent.on_episode_end`. Episodes run
+concurrently on asyncio, so a policy keeps its state on itself, never on the agent.
+
+A minimal third-party agent::
+
+    class FirstAction(Agent):
+        name = "first"
+
+        def make_policy(self, ctx):
+            return FirstActionPolicy()
+
+    class FirstActionPolicy(Policy):
+        async def act(self, obs, info):
+            return (info["admissible_actions"] or ["look"])[0]
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EpisodeContext:
+    """What a policy may know about its episode before the first observation.
+
+    Attributes:
+        env_id: the Gymnasium id.
+        seed: the episode's reset seed.
+        episode_index: index of the episode within its task.
+        oracle: coroutine returning the env's solver action for the current state;
+            only for the ``oracle`` agent (``None`` where the env has no solver).
+    """
+
+    env_id: str
+    seed: int
+    episode_index: int = 0
+    oracle: Callable[[], Awaitable[str]] | None = None
+
+
+@dataclass
+class EpisodeResult:
+    """How an episode ended, as the harness records it."""
+
+    env_id: str
+    seed: int
+    success: bool
+    progress: float
+    reward: float
+    actions: int
+    invalid_actions: int
+    terminated: bool
+    truncated: bool
+    wall_time_s: float
+    error: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Policy(abc.ABC):
+    """Acts within one episode."""
+
+    @abc.abstractmethod
+    async def act(self, obs: str, info: dict[str, Any]) -> str:
+        """Return the next action for this observation."""
+
+    def usage(self) -> dict[str, int]:
+        """Token counts for this episode (``tokens_in``, ``tokens_out``)."""
+        return {"tokens_in": 0, "tokens_out": 0}
+
+
+class Agent(abc.ABC):
+    """Makes a policy per episode and learns (or not) from finished episodes."""
+
+    name: str = "agent"
+
+    @abc.abstractmethod
+    def make_policy(self, ctx: EpisodeContext) -> Policy:
+        """A fresh policy for the episode ``ctx`` describes."""
+
+    def on_episode_end(self, ctx: EpisodeContext, result: EpisodeResult) -> None:  # noqa: B027 - optional hook
+        """Called once per finished (or errored) episode."""
+
+    def config(self) -> dict[str, Any]:
+        """A JSON-serialisable description, recorded in ``summary.json``."""
+        return {"name": self.name, "class": f"{type(self).__module__}:{type(self).__qualname__}"}
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (servers, models) at the end of a run."""

@@ -1,0 +1,129 @@
+"""Every crl-bench id, registered in one place, plus third-party plugins.
+
+Ids look like ``crl/<Family>-<Variant>-v<N>``. Entry points are strings, so
+``gymnasium.make`` imports a family's backend only when one of its envs is built.
+Bump ``vN`` whenever an env's behaviour changes.
+
+Third-party packages register envs through the entry-point group ``crl_envs.plugins``:
+each entry point names a zero-argument callable that calls ``gymnasium.register``.
+Gymnasium 1.x no longer loads plugin entry points itself, so we do it at import.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import warnings
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+import gymnasium as gym
+
+PLUGIN_GROUP = "crl_envs.plugins"
+
+
+@dataclass(frozen=True)
+class Family:
+    """An env family: where it lives, which import it needs, and the extra that installs it."""
+
+    name: str
+    module: str
+    requires: tuple[str, ...]
+    extra: str | None
+
+    def installed(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+
+FAMILIES: dict[str, Family] = {
+    "Sokoban": Family("Sokoban", "crl_envs.sokoban", (), None),
+    "MiniHack": Family("MiniHack", "crl_envs.minihack", ("nle", "minihack"), "minihack"),
+    "ALFWorld": Family("ALFWorld", "crl_envs.alfworld", ("alfworld", "textworld"), "alfworld"),
+    "WebShop": Family("WebShop", "crl_envs.webshop", ("bm25s",), "webshop"),
+    "SWE": Family("SWE", "crl_envs.swe", ("swebench",), "swe"),
+}
+
+
+def _register(env_id: str, entry_point: str, max_episode_steps: int, **kwargs) -> None:
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=entry_point, max_episode_steps=max_episode_steps, kwargs=kwargs)
+
+
+def register_builtin_envs() -> None:
+    """Register every built-in id (cheap: no backend is imported)."""
+    # ---------------------------------------------------------------- Sokoban
+    # Default 6x6 with 2 boxes, as in the official Complementary RL code; 100 steps
+    # per episode as in gym-sokoban's default (max_steps=120) rounded to the peers' GEM cap.
+    for size, boxes in [(6, 1), (6, 2), (7, 2), (8, 2), (8, 3)]:
+        _register(
+            f"crl/Sokoban-{size}x{size}-{boxes}-v0",
+            "crl_envs.sokoban.env:SokobanEnv",
+            100,
+            size=size,
+            num_boxes=boxes,
+        )
+
+
+def load_plugins() -> list[str]:
+    """Load every ``crl_envs.plugins`` entry point; return the names that loaded.
+
+    A broken plugin warns instead of breaking ``import crl_envs``.
+    """
+    loaded = []
+    for ep in entry_points(group=PLUGIN_GROUP):
+        try:
+            fn = ep.load()
+            if callable(fn):
+                fn()
+            loaded.append(ep.name)
+        except Exception as e:  # noqa: BLE001 - a bad plugin must not break the suite
+            warnings.warn(f"crl_envs plugin {ep.name!r} ({ep.value}) failed to load: {e}", stacklevel=2)
+    return loaded
+
+
+def crl_env_ids() -> list[str]:
+    """Sorted ids of every built-in env (sorted, so pytest-xdist workers agree)."""
+    return sorted(i for i in gym.registry if i.startswith("crl/"))
+
+
+def family_of(env_id: str) -> Family | None:
+    """The built-in family of an id, or ``None`` for a third-party env."""
+    spec = gym.spec(env_id)
+    ep = spec.entry_point if isinstance(spec.entry_point, str) else ""
+    for fam in FAMILIES.values():
+        if ep.startswith(fam.module + "."):
+            return fam
+    return None
+
+
+def backend_installed(env_id: str) -> bool:
+    fam = family_of(env_id)
+    return True if fam is None else fam.installed()
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise a helpful error for an unknown id or a missing backend."""
+    if env_id not in gym.registry:
+        for fam in FAMILIES.values():
+            if env_id.startswith(f"crl/{fam.name}-") and not any(
+                i.startswith(f"crl/{fam.name}-") for i in gym.registry
+            ):
+                raise gym.error.NameNotFound(
+                    f"{env_id}: the {fam.name} family has not landed in this version of crl-bench yet"
+                )
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise gym.error.NameNotFound(
+            f"Unknown env id {env_id!r}.{hint} Run `python -m crl_envs list` for every id."
+        )
+    fam = family_of(env_id)
+    if fam is not None and not fam.installed():
+        raise gym.error.DependencyNotInstalled(
+            f"{env_id} needs the {fam.name} backend: pip install -e \".[{fam.extra}]\""
+        )
+
+
+def make(env_id: str, **kwargs) -> gym.Env:
+    """``gymnasium.make`` with clear errors for unknown ids and missing backends."""
+    check_env_id(env_id)
+    return gym.make(env_id, **kwargs)

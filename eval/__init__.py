@@ -1,0 +1,1 @@
+"""The crl-bench evaluation harness: ``python -m eval.run``."""

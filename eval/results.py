@@ -1,0 +1,157 @@
+"""Run results: ``episodes.jsonl`` (one record per episode) and ``summary.json``.
+
+``summary.json`` carries ``schema_version``; bump it when a field changes meaning.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from crl_agent.agents.base import EpisodeResult
+
+SCHEMA_VERSION = "1.0"
+
+
+def git_sha() -> str | None:
+    """The checkout's commit, or ``None`` outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def episode_key(env_id: str, seed: int) -> str:
+    return f"{env_id}#{seed}"
+
+
+class EpisodeLog:
+    """Append-only ``episodes.jsonl``; each line is flushed and fsynced, so a killed run loses nothing."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every complete record; a torn last line (from a kill mid-write) is dropped."""
+        if not self.path.exists():
+            return []
+        records = []
+        with self.path.open(encoding="utf-8") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return records
+
+    def repair(self) -> None:
+        """Rewrite the file without a torn last line, so new records start on a fresh line."""
+        records = self.load()
+        if self.path.exists() and not self.path.read_bytes().endswith(b"\n"):
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+            os.replace(tmp, self.path)
+
+    def append(self, result: EpisodeResult, **fields: Any) -> dict[str, Any]:
+        record = {**asdict(result), **fields, "key": episode_key(result.env_id, result.seed)}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return record
+
+
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, 0.0
+    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    return m, math.sqrt(var / len(xs))
+
+
+def env_metadata(env_id: str) -> dict[str, Any]:
+    spec = gym.spec(env_id)
+    return {
+        "version": spec.version,
+        "entry_point": spec.entry_point if isinstance(spec.entry_point, str) else repr(spec.entry_point),
+        "kwargs": spec.kwargs,
+        "max_episode_steps": spec.max_episode_steps,
+    }
+
+
+def summarize(
+    records: list[dict[str, Any]],
+    env_ids: list[str],
+    agent_config: dict[str, Any],
+    run_config: dict[str, Any],
+) -> dict[str, Any]:
+    """Build ``summary.json`` from episode records.
+
+    Errored episodes count as failures in the success rate and are reported separately.
+    """
+    import crl_envs
+
+    tasks: dict[str, Any] = {}
+    for env_id in env_ids:
+        recs = [r for r in records if r["env_id"] == env_id]
+        success, success_se = _mean_se([float(r["success"]) for r in recs])
+        progress, progress_se = _mean_se([float(r["progress"]) for r in recs])
+        actions, _ = _mean_se([float(r["actions"]) for r in recs])
+        tasks[env_id] = {
+            **env_metadata(env_id),
+            "episodes": len(recs),
+            "errored": sum(1 for r in recs if r.get("error")),
+            "success": success,
+            "success_se": success_se,
+            "progress": progress,
+            "progress_se": progress_se,
+            "mean_actions": actions,
+            "mean_invalid_actions": _mean_se([float(r["invalid_actions"]) for r in recs])[0],
+            "mean_wall_time_s": _mean_se([float(r["wall_time_s"]) for r in recs])[0],
+        }
+    per_task = [t for t in tasks.values() if t["episodes"]]
+    macro_success = sum(t["success"] for t in per_task) / len(per_task) if per_task else float("nan")
+    # The macro average's standard error, treating tasks as independent.
+    macro_se = math.sqrt(sum(t["success_se"] ** 2 for t in per_task)) / len(per_task) if per_task else float("nan")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "package_version": crl_envs.__version__,
+        "git_sha": git_sha(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "agent": agent_config,
+        "run": run_config,
+        "tasks": tasks,
+        "macro": {
+            "success": macro_success,
+            "success_se": macro_se,
+            "progress": sum(t["progress"] for t in per_task) / len(per_task) if per_task else float("nan"),
+            "tasks": len(per_task),
+        },
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically, so a kill never leaves half a summary."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,194 @@
+"""Run a task set with any agent and write versioned results.
+
+Usage::
+
+    python -m eval.run --agent oracle --tasks 6 --episodes 10 --seed 0 --out runs/oracle
+    python -m eval.run --agent mypkg.agents:MyAgent --tasks crl/Sokoban-6x6-2-v0
+
+It writes ``episodes.jsonl`` (one record per episode, appended as episodes finish),
+``summary.json`` (schema-versioned) and ``results.md`` into ``--out``, and prints a table.
+``--resume`` skips the episodes already recorded there, so a killed run picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from tqdm import tqdm
+
+from crl_agent.agents import BUILTIN, Agent, EpisodeContext, EpisodeResult, load_agent_class
+from crl_envs.core import TextEnv
+from eval import report
+from eval.results import EpisodeLog, episode_key, summarize, write_json
+from eval.suites import TASK_SETS, TaskSetError, resolve_tasks
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--agent", default="oracle", help=f"one of {sorted(BUILTIN)} or module:Class (default: oracle)")
+    p.add_argument(
+        "--tasks",
+        default="crl/Sokoban-6x6-2-v0",
+        help=f"a task set ({', '.join(sorted(TASK_SETS))}) or a comma list of env ids",
+    )
+    p.add_argument("--episodes", type=int, default=10, help="episodes per task (default: 10)")
+    p.add_argument("--seed", type=int, default=0, help="episode i of a task resets with seed S+i (default: 0)")
+    p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<time>_<agent>)")
+    p.add_argument("--resume", action="store_true", help="skip episodes already recorded in --out")
+    p.add_argument("--concurrency", type=int, default=1, help="episodes in flight per task (default: 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or table")
+    return p
+
+
+def _has_solver(env: gym.Env) -> bool:
+    impl = getattr(type(env.unwrapped), "oracle_action", None)
+    return impl is not None and impl is not TextEnv.oracle_action
+
+
+async def run_episode(env: gym.Env, agent: Agent, env_id: str, seed: int, index: int) -> EpisodeResult:
+    """Play one episode; any exception becomes an errored result, never a crash."""
+
+    async def oracle() -> str:
+        return env.unwrapped.oracle_action()
+
+    ctx = EpisodeContext(env_id, seed, index, oracle=oracle if _has_solver(env) else None)
+    t0 = time.perf_counter()
+    actions = invalid = 0
+    reward_sum, info, term, trunc = 0.0, {}, False, False
+    policy = None
+    error = None
+    try:
+        obs, info = env.reset(seed=seed)
+        policy = agent.make_policy(ctx)
+        while not (term or trunc):
+            action = await policy.act(obs, info)
+            obs, reward, term, trunc, info = env.step(action)
+            actions += 1
+            invalid += not info.get("valid_action", True)
+            reward_sum += float(reward)
+    except Exception as e:  # noqa: BLE001 - an episode's failure is recorded, not raised
+        error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+    usage = policy.usage() if policy is not None else {}
+    result = EpisodeResult(
+        env_id=env_id,
+        seed=seed,
+        success=bool(info.get("success", False)) and error is None,
+        progress=float(info.get("progress", 0.0)) if error is None else 0.0,
+        reward=reward_sum,
+        actions=actions,
+        invalid_actions=invalid,
+        terminated=term,
+        truncated=trunc,
+        wall_time_s=time.perf_counter() - t0,
+        error=error,
+        tokens_in=usage.get("tokens_in", 0),
+        tokens_out=usage.get("tokens_out", 0),
+    )
+    try:
+        agent.on_episode_end(ctx, result)
+    except Exception as e:  # noqa: BLE001
+        result.error = (result.error or "") + f"on_episode_end raised {type(e).__name__}: {e}"
+    return result
+
+
+async def run_task(
+    env_id: str, agent: Agent, seeds: list[int], log: EpisodeLog, concurrency: int, quiet: bool
+) -> list[dict[str, Any]]:
+    envs: asyncio.Queue[gym.Env] = asyncio.Queue()
+    made = []
+    for _ in range(max(1, min(concurrency, len(seeds)))):
+        made.append(gym.make(env_id))
+        envs.put_nowait(made[-1])
+    bar = tqdm(total=len(seeds), desc=env_id, disable=quiet, unit="ep", leave=True)
+    records = []
+
+    async def one(i: int, seed: int) -> None:
+        env = await envs.get()
+        try:
+            result = await run_episode(env, agent, env_id, seed, i)
+        finally:
+            envs.put_nowait(env)
+        records.append(log.append(result))
+        bar.update(1)
+        bar.set_postfix(success=f"{sum(r['success'] for r in records) / len(records):.2f}")
+
+    try:
+        await asyncio.gather(*(one(i, s) for i, s in enumerate(seeds)))
+    finally:
+        bar.close()
+        for env in made:
+            env.close()
+    return records
+
+
+def make_agent(name: str, seed: int) -> Agent:
+    cls = load_agent_class(name)
+    kwargs = {"seed": seed} if "seed" in inspect.signature(cls).parameters else {}
+    return cls(**kwargs)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    env_ids = resolve_tasks(args.tasks)
+    agent = make_agent(args.agent, args.seed)
+    out: Path = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}_{agent.name}"
+    log = EpisodeLog(out / "episodes.jsonl")
+    if log.path.exists() and not args.resume:
+        raise SystemExit(f"{log.path} exists: pass --resume to continue that run, or choose another --out")
+    log.repair()
+    done = {r["key"]: r for r in log.load()}
+    run_config = {
+        "tasks": args.tasks,
+        "env_ids": env_ids,
+        "episodes": args.episodes,
+        "seed": args.seed,
+        "argv": sys.argv[1:],
+    }
+    try:
+        for env_id in env_ids:
+            seeds = [args.seed + i for i in range(args.episodes)]
+            todo = [s for s in seeds if episode_key(env_id, s) not in done]
+            if todo:
+                await run_task(env_id, agent, todo, log, args.concurrency, args.quiet)
+    finally:
+        await agent.aclose()
+    wanted = {episode_key(e, args.seed + i) for e in env_ids for i in range(args.episodes)}
+    records = [r for r in log.load() if r["key"] in wanted]
+    summary = summarize(records, env_ids, agent.config(), run_config)
+    write_json(out / "summary.json", summary)
+    (out / "results.md").write_text(report.markdown_table(summary), encoding="utf-8")
+    if not args.quiet:
+        report.print_table(summary)
+        errored = [r for r in records if r.get("error")]
+        if errored:
+            print(f"{len(errored)} errored episodes; first: {errored[0]['key']}: {errored[0]['error'].splitlines()[0]}")
+        print(f"results in {out}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error("--episodes must be at least 1")
+    if args.concurrency < 1:
+        parser.error("--concurrency must be at least 1")
+    try:
+        asyncio.run(run(args))
+    except (TaskSetError, ValueError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except json.JSONDecodeError as e:
+        parser.exit(1, f"{parser.prog}: error: corrupt results file: {e}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import gymnasium as gym
+import pytest
+
+import crl_envs
+from crl_envs.registry import check_env_id, crl_env_ids
+from crl_envs.testing import check_text_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_id_has_a_versioned_name_and_a_string_entry_point():
+    ids = crl_env_ids()
+    assert ids == sorted(ids) and ids
+    for env_id in ids:
+        spec = gym.spec(env_id)
+        assert env_id.startswith("crl/") and spec.version is not None
+        assert isinstance(spec.entry_point, str)
+        assert spec.max_episode_steps
+        spec.to_json()
+
+
+def test_unknown_id_lists_close_matches():
+    with pytest.raises(gym.error.NameNotFound, match="Did you mean: crl/Sokoban-6x6-2-v0"):
+        check_env_id("crl/Sokoban-6x6-2-v1")
+    with pytest.raises(gym.error.NameNotFound):
+        crl_envs.make("nonsense")
+
+
+def test_cli_lists_ids_with_family_version_steps_and_backend():
+    out = subprocess.run(
+        [sys.executable, "-m", "crl_envs", "list"], capture_output=True, text=True, cwd=REPO, check=True
+    ).stdout
+    assert "crl/Sokoban-6x6-2-v0" in out and "Sokoban" in out and "backend installed" in out
+
+
+def test_cli_bad_flags_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "crl_envs", "nope"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+PLUGIN = textwrap.dedent(
+    '''
+    import gymnasium as gym
+    from crl_envs import TextEnv, StepOutcome, InvalidAction
+
+    class EchoEnv(TextEnv):
+        """Say the secret word."""
+
+        def _reset_task(self, options):
+            self.word = ["apple", "pear", "plum"][int(self.np_random.integers(3))]
+            return f"The secret word is {self.word}.", {"task": "Say the secret word."}
+
+        def _apply(self, action):
+            if action != self.word:
+                raise InvalidAction("that is not the secret word")
+            return StepOutcome("Yes!", 1.0, True, True, 1.0)
+
+        def _admissible_actions(self):
+            return ["apple", "pear", "plum"]
+
+    def register():
+        gym.register("thirdparty/Echo-v0", entry_point="thirdparty_envs:EchoEnv", max_episode_steps=5)
+    '''
+)
+
+
+def test_third_party_plugin_registers_through_entry_points_and_passes_the_kit(tmp_path):
+    (tmp_path / "thirdparty_envs.py").write_text(PLUGIN)
+    dist = tmp_path / "thirdparty_envs-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-envs\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[crl_envs.plugins]\necho = thirdparty_envs:register\n")
+    script = textwrap.dedent(
+        """
+        import crl_envs, gymnasium as gym
+        from crl_envs.testing import check_text_env
+        assert "thirdparty/Echo-v0" in gym.registry
+        print(check_text_env("thirdparty/Echo-v0").checks)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), REPO])}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "seeded determinism across fresh envs" in proc.stdout
+    listing = subprocess.run(
+        [sys.executable, "-m", "crl_envs", "list"], capture_output=True, text=True, env=env, cwd=tmp_path
+    ).stdout
+    assert "thirdparty/Echo-v0" in listing and "plugin (thirdparty_envs)" in listing
+
+
+def test_broken_plugin_warns_instead_of_breaking_import(tmp_path):
+    dist = tmp_path / "broken_envs-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-envs\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[crl_envs.plugins]\nbroken = no_such_module:register\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), REPO])}
+    proc = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import crl_envs; print(len(crl_envs.crl_env_ids()))"],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0 and "broken" in proc.stderr and int(proc.stdout) > 0
+
+
+@pytest.mark.parametrize("env_id", crl_env_ids())
+def test_every_registered_env_passes_the_conformance_kit(env_id):
+    from crl_envs.registry import backend_installed
+
+    if not backend_installed(env_id):
+        pytest.skip(f"{env_id}: backend not installed")
+    check_text_env(env_id)
