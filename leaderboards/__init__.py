@@ -1,0 +1,1 @@
+"""Leaderboards built from submitted run summaries (see issue tracker for the builder)."""

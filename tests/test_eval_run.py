@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from eval.run import main
+from eval.suites import TaskSetError, resolve_tasks
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(tmp_path, *args):
+    return main(["--quiet", "--out", str(tmp_path), *args])
+
+
+def test_oracle_run_writes_versioned_results(tmp_path):
+    assert _run(tmp_path, "--agent", "oracle", "--tasks", "test/Guess-v0", "--episodes", "5") == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["schema_version"] and summary["package_version"]
+    task = summary["tasks"]["test/Guess-v0"]
+    assert task["episodes"] == 5 and task["success"] == 1.0 and task["mean_actions"] == 1.0
+    assert task["version"] == 0 and task["max_episode_steps"] == 12
+    assert summary["macro"]["success"] == 1.0
+    lines = (tmp_path / "episodes.jsonl").read_text().splitlines()
+    assert [json.loads(x)["seed"] for x in lines] == [0, 1, 2, 3, 4]
+    assert "| test/Guess-v0 |" in (tmp_path / "results.md").read_text()
+
+
+def test_same_seeds_give_the_same_episodes(tmp_path):
+    for d in ("a", "b"):
+        _run(tmp_path / d, "--agent", "random", "--tasks", "test/Guess-v0", "--episodes", "6", "--seed", "7")
+    strip = lambda p: [  # noqa: E731
+        {k: v for k, v in json.loads(x).items() if k != "wall_time_s"} for x in p.read_text().splitlines()
+    ]
+    assert strip(tmp_path / "a" / "episodes.jsonl") == strip(tmp_path / "b" / "episodes.jsonl")
+
+
+def test_resume_skips_recorded_episodes_and_tolerates_a_torn_line(tmp_path):
+    _run(tmp_path, "--agent", "oracle", "--tasks", "test/Guess-v0", "--episodes", "3")
+    with (tmp_path / "episodes.jsonl").open("a") as f:
+        f.write('{"env_id": "test/Gue')  # a kill mid-write
+    with pytest.raises(SystemExit):
+        _run(tmp_path, "--agent", "oracle", "--tasks", "test/Guess-v0", "--episodes", "5")
+    _run(tmp_path, "--agent", "oracle", "--tasks", "test/Guess-v0", "--episodes", "5", "--resume")
+    records = [json.loads(x) for x in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert sorted(r["seed"] for r in records) == [0, 1, 2, 3, 4]
+    assert json.loads((tmp_path / "summary.json").read_text())["tasks"]["test/Guess-v0"]["episodes"] == 5
+
+
+def test_agent_errors_are_recorded_not_raised(tmp_path):
+    _run(tmp_path, "--agent", "oracle", "--tasks", "test/GuessRaising-v0", "--episodes", "2")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tasks"]["test/GuessRaising-v0"]["errored"] == 0  # the oracle never sends bad input
+    # an agent without a solver to use: the episode is recorded as errored
+    from tests.toy_envs import GuessEnv  # noqa: F401
+
+    (tmp_path / "x").mkdir()
+    _run(tmp_path / "x", "--agent", "tests.test_eval_run:CrashingAgent", "--tasks", "test/Guess-v0", "--episodes", "2")
+    task = json.loads((tmp_path / "x" / "summary.json").read_text())["tasks"]["test/Guess-v0"]
+    assert task["errored"] == 2 and task["success"] == 0.0
+
+
+from crl_agent.agents.base import Agent, Policy  # noqa: E402
+
+
+class _Crash(Policy):
+    async def act(self, obs, info):
+        raise RuntimeError("agent bug")
+
+
+class CrashingAgent(Agent):
+    name = "crashing"
+
+    def make_policy(self, ctx):
+        return _Crash()
+
+
+def test_unlanded_set_member_names_its_family():
+    with pytest.raises(TaskSetError, match="MiniHack family has not landed"):
+        resolve_tasks("6")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--episodes", "x"], ["--agent", "nope"], ["--tasks", "crl/Nope-v0"], ["--episodes", "0"], ["--bogus"]],
+)
+def test_bad_cli_input_exits_2_with_usage(args, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "eval.run", "--out", str(tmp_path / "o"), *args],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "error" in proc.stderr and "Traceback" not in proc.stderr
