@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ("id", "family", "version", "max steps", "backend installed")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
     for r in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return 0
 
 

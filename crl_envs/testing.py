@@ -149,7 +149,7 @@ def _transcript(env: gym.Env, seed: int, n_steps: int) -> list:
 
 
 def _first_diff(a: list, b: list) -> str:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return f"step {i}: {str(x)[:300]!r} != {str(y)[:300]!r}"
     return f"lengths {len(a)} != {len(b)}"
@@ -205,7 +205,7 @@ def check_text_env(
             _fail("reuse", f"replaying seed {seeds[0]} on a reused env differs: {_first_diff(base[0], again)}")
         report.checks.append("reset clears episode state")
         if factory is not None:
-            for s, rows in zip(seeds, base):
+            for s, rows in zip(seeds, base, strict=True):
                 fresh_env = factory()
                 try:
                     fresh = _transcript(fresh_env, s, n_steps)
