@@ -1,0 +1,1 @@
+"""Sokoban: a seeded reverse-play generator, a BFS solver, and the text env."""
