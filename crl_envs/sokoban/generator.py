@@ -63,40 +63,62 @@ def _reverse_play(
     walls: list[bool], targets: list[int], player: int, size: int, rng: np.random.Generator, steps: int
 ) -> tuple[frozenset[int], int, float]:
     boxes = set(targets)
-    start = {b: b for b in boxes}  # current cell -> origin target
+    target_set = frozenset(targets)
+    origin = {b: b for b in boxes}  # current cell -> the target it started on
     ds = (-size, size, -1, 1)
+    # Draw all randomness up front: per-call numpy Generator overhead dominates otherwise.
+    dirs = rng.integers(4, size=steps).tolist()
+    coins = rng.random(steps).tolist()
+    picks = rng.integers(1 << 30, size=steps).tolist()
     best = (frozenset(boxes), player, 0.0)
     swaps = 0
+    displacement = 0
     last_box = None
-    for _ in range(steps):
-        d = ds[int(rng.integers(4))]
+    for i in range(steps):
+        d = ds[dirs[i]]
+        if coins[i] < 0.5:  # prefer pulling an adjacent box: a plain random walk undoes its own pulls
+            pulls = [e for e in ds if player - e in boxes and not walls[player + e] and player + e not in boxes]
+            if pulls:
+                d = pulls[picks[i] % len(pulls)]
         nxt = player + d
         if walls[nxt] or nxt in boxes:
             continue
         behind = player - d
-        if behind in boxes and rng.random() < 0.8:  # pull the box behind us
+        if behind in boxes:  # pull the box behind us onto our cell
+            o = origin.pop(behind)
             boxes.remove(behind)
             boxes.add(player)
-            start[player] = start.pop(behind)
+            origin[player] = o
+            displacement += _dist(player, o, size) - _dist(behind, o, size)
             if last_box != behind:  # a different box than the one pulled last
                 swaps += 1
             last_box = player
+            score = swaps * displacement
+            if score > best[2] and not boxes <= target_set:
+                best = (frozenset(boxes), nxt, float(score))
         player = nxt
-        displacement = sum(abs(b // size - o // size) + abs(b % size - o % size) for b, o in start.items())
-        score = swaps * displacement
-        if score > best[2] and not boxes <= set(targets):
-            best = (frozenset(boxes), player, float(score))
     return best
 
 
-def generate_level(size: int, num_boxes: int, rng: np.random.Generator, max_tries: int = 200) -> Level:
+def _dist(a: int, b: int, size: int) -> int:
+    return abs(a // size - b // size) + abs(a % size - b % size)
+
+
+def generate_level(
+    size: int, num_boxes: int, rng: np.random.Generator, max_tries: int = 200, min_moves: int | None = None
+) -> Level:
     """A verified-solvable ``size`` x ``size`` level with ``num_boxes`` boxes.
+
+    Levels whose shortest push solution takes fewer than ``min_moves`` moves (default
+    ``2 * (size - 2)``) are rejected: reverse play often leaves boxes next to their targets.
 
     Raises:
         GenerationError: if ``max_tries`` rooms all fail (only for impossible settings).
     """
     if size < 5 or num_boxes < 1:
         raise ValueError(f"need size >= 5 and num_boxes >= 1, got size={size}, num_boxes={num_boxes}")
+    if min_moves is None:
+        min_moves = 2 * (size - 2)
     for _ in range(max_tries):
         walls = _carve(size, rng)
         floor = [i for i, w in enumerate(walls) if not w]
@@ -105,11 +127,11 @@ def generate_level(size: int, num_boxes: int, rng: np.random.Generator, max_trie
         picks = rng.choice(len(floor), size=num_boxes + 1, replace=False)
         targets = [floor[int(i)] for i in picks[:-1]]
         player = floor[int(picks[-1])]
-        boxes, player, score = _reverse_play(walls, targets, player, size, rng, steps=300)
+        boxes, player, score = _reverse_play(walls, targets, player, size, rng, steps=12 * (size - 2) ** 2)
         if score <= 0:
             continue
         plan = solve(walls, targets, boxes, player, size)
-        if plan is None:
+        if plan is None or len(plan) < min_moves:
             continue
         return Level(size, size, tuple(walls), frozenset(targets), boxes, player, len(plan))
     raise GenerationError(f"no solvable {size}x{size} level with {num_boxes} boxes in {max_tries} tries")
