@@ -47,13 +47,16 @@ def _carve(size: int, rng: np.random.Generator) -> list[bool]:
     r, c = int(rng.integers(1, size - 1)), int(rng.integers(1, size - 1))
     steps = int(1.5 * inner * inner)
     dirs = ((-1, 0), (1, 0), (0, -1), (0, 1))
-    d = dirs[int(rng.integers(4))]
-    for _ in range(steps):
-        if rng.random() < 0.35:
-            d = dirs[int(rng.integers(4))]
+    turns = rng.random(steps).tolist()
+    new_dirs = rng.integers(4, size=steps).tolist()
+    brushes = rng.integers(len(_BRUSHES), size=steps).tolist()
+    d = dirs[new_dirs[0]]
+    for i in range(steps):
+        if turns[i] < 0.35:
+            d = dirs[new_dirs[i]]
         r = min(max(r + d[0], 1), size - 2)
         c = min(max(c + d[1], 1), size - 2)
-        for dr, dc in _BRUSHES[int(rng.integers(len(_BRUSHES)))]:
+        for dr, dc in _BRUSHES[brushes[i]]:
             rr, cc = min(r + dr, size - 2), min(c + dc, size - 2)
             walls[rr * size + cc] = False
     return walls
