@@ -11,8 +11,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES); fi
 	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -U pip
-	$(VENV)/bin/pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(VENV)/bin/python -m pip install -q -U pip
+	$(VENV)/bin/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
 
 setup: $(VENV)/.installed
