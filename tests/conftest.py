@@ -11,6 +11,7 @@ TOY_IDS = {
     "test/GuessNondet-v0": "tests.toy_envs:NondeterministicEnv",
     "test/GuessLeaky-v0": "tests.toy_envs:LeakyEnv",
     "test/GuessNoFeedback-v0": "tests.toy_envs:NoFeedbackEnv",
+    "test/Faulty-v0": "tests.toy_envs:FaultyEnv",
 }
 for _id, _ep in TOY_IDS.items():
     if _id not in gym.registry:

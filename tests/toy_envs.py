@@ -73,3 +73,20 @@ class NoFeedbackEnv(GuessEnv):
         if not info["valid_action"]:
             r = 0.5
         return obs, r, term, trunc, info
+
+
+class FaultyEnv(GuessEnv):
+    """Misbehaves on command: ``hang`` sleeps forever, ``crash`` kills its process, ``raise`` raises."""
+
+    def step(self, action):
+        import os
+        import signal
+        import time
+
+        if action == "hang":
+            time.sleep(3600)
+        if action == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action == "raise":
+            raise RuntimeError("env bug")
+        return super().step(action)
