@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from crl_agent.agents import BUILTIN, Agent, EpisodeContext, EpisodeResult, load_agent_class
 from crl_envs.core import TextEnv
+from crl_envs.pool import EnvPool
 from eval import report
 from eval.results import EpisodeLog, episode_key, summarize, write_json
 from eval.suites import TASK_SETS, TaskSetError, resolve_tasks
@@ -45,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<time>_<agent>)")
     p.add_argument("--resume", action="store_true", help="skip episodes already recorded in --out")
     p.add_argument("--concurrency", type=int, default=1, help="episodes in flight per task (default: 1)")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        help="env worker processes per task; 0 runs envs in this process (default: 0)",
+    )
+    p.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung env step errors (default: 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or table")
     return p
 
@@ -54,24 +62,59 @@ def _has_solver(env: gym.Env) -> bool:
     return impl is not None and impl is not TextEnv.oracle_action
 
 
-async def run_episode(env: gym.Env, agent: Agent, env_id: str, seed: int, index: int) -> EpisodeResult:
-    """Play one episode; any exception becomes an errored result, never a crash."""
+class LocalHandle:
+    """An env in this process, behind the same async calls as a pool slot."""
 
-    async def oracle() -> str:
-        return env.unwrapped.oracle_action()
+    def __init__(self, env_id: str):
+        self.env = gym.make(env_id)
+        self.has_solver = _has_solver(self.env)
 
-    ctx = EpisodeContext(env_id, seed, index, oracle=oracle if _has_solver(env) else None)
+    async def reset(self, seed: int):
+        return self.env.reset(seed=seed)
+
+    async def step(self, action: str):
+        return self.env.step(action)
+
+    async def oracle(self) -> str:
+        return self.env.unwrapped.oracle_action()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class PoolHandle:
+    """One slot of an :class:`~crl_envs.pool.EnvPool`."""
+
+    def __init__(self, pool: EnvPool, slot: int, has_solver: bool):
+        self.pool, self.slot, self.has_solver = pool, slot, has_solver
+
+    async def reset(self, seed: int):
+        return await self.pool.reset(self.slot, seed=seed)
+
+    async def step(self, action: str):
+        return await self.pool.step(self.slot, action)
+
+    async def oracle(self) -> str:
+        return await self.pool.call(self.slot, "oracle_action")
+
+    def close(self) -> None:
+        pass
+
+
+async def run_episode(env: LocalHandle | PoolHandle, agent: Agent, env_id: str, seed: int, index: int) -> EpisodeResult:
+    """Play one episode; any exception (agent bug, env crash, timeout) becomes an errored result."""
+    ctx = EpisodeContext(env_id, seed, index, oracle=env.oracle if env.has_solver else None)
     t0 = time.perf_counter()
     actions = invalid = 0
     reward_sum, info, term, trunc = 0.0, {}, False, False
     policy = None
     error = None
     try:
-        obs, info = env.reset(seed=seed)
+        obs, info = await env.reset(seed)
         policy = agent.make_policy(ctx)
         while not (term or trunc):
             action = await policy.act(obs, info)
-            obs, reward, term, trunc, info = env.step(action)
+            obs, reward, term, trunc, info = await env.step(action)
             actions += 1
             invalid += not info.get("valid_action", True)
             reward_sum += float(reward)
@@ -101,13 +144,28 @@ async def run_episode(env: gym.Env, agent: Agent, env_id: str, seed: int, index:
 
 
 async def run_task(
-    env_id: str, agent: Agent, seeds: list[int], log: EpisodeLog, concurrency: int, quiet: bool
+    env_id: str,
+    agent: Agent,
+    seeds: list[int],
+    log: EpisodeLog,
+    concurrency: int,
+    quiet: bool,
+    num_workers: int = 0,
+    timeout: float = 60.0,
 ) -> list[dict[str, Any]]:
-    envs: asyncio.Queue[gym.Env] = asyncio.Queue()
-    made = []
-    for _ in range(max(1, min(concurrency, len(seeds)))):
-        made.append(gym.make(env_id))
-        envs.put_nowait(made[-1])
+    """Run ``seeds`` of one task with ``concurrency`` envs, in-process or in ``num_workers`` processes."""
+    n_envs = max(1, min(concurrency, len(seeds)))
+    pool = None
+    if num_workers > 0:
+        has_solver = _has_solver(gym.make(env_id))
+        pool = EnvPool([env_id] * n_envs, num_workers=num_workers, timeout=timeout)
+        await pool.start()
+        made = [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
+    else:
+        made = [LocalHandle(env_id) for _ in range(n_envs)]
+    envs: asyncio.Queue = asyncio.Queue()
+    for h in made:
+        envs.put_nowait(h)
     bar = tqdm(total=len(seeds), desc=env_id, disable=quiet, unit="ep", leave=True)
     records = []
 
@@ -125,8 +183,10 @@ async def run_task(
         await asyncio.gather(*(one(i, s) for i, s in enumerate(seeds)))
     finally:
         bar.close()
-        for env in made:
-            env.close()
+        for h in made:
+            h.close()
+        if pool is not None:
+            pool.close()
     return records
 
 
@@ -150,6 +210,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "env_ids": env_ids,
         "episodes": args.episodes,
         "seed": args.seed,
+        "num_workers": args.num_workers,
         "argv": sys.argv[1:],
     }
     try:
@@ -157,7 +218,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             seeds = [args.seed + i for i in range(args.episodes)]
             todo = [s for s in seeds if episode_key(env_id, s) not in done]
             if todo:
-                await run_task(env_id, agent, todo, log, args.concurrency, args.quiet)
+                await run_task(
+                    env_id, agent, todo, log, args.concurrency, args.quiet, args.num_workers, args.step_timeout
+                )
     finally:
         await agent.aclose()
     wanted = {episode_key(e, args.seed + i) for e in env_ids for i in range(args.episodes)}
@@ -181,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--episodes must be at least 1")
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
+    if args.num_workers < 0:
+        parser.error("--num-workers must be at least 0")
     try:
         asyncio.run(run(args))
     except (TaskSetError, ValueError) as e:

@@ -95,3 +95,36 @@ def test_bad_cli_input_exits_2_with_usage(args, tmp_path):
     )
     assert proc.returncode == 2, proc.stderr
     assert "error" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_pool_run_equals_in_process_run_and_records_crashed_episodes(tmp_path):
+    args = ["--agent", "random", "--tasks", "crl/Sokoban-6x6-2-v0", "--episodes", "6", "--seed", "3"]
+    _run(tmp_path / "local", *args)
+    _run(tmp_path / "pool", *args, "--num-workers", "2", "--concurrency", "3")
+    load = lambda p: sorted(  # noqa: E731
+        ({k: v for k, v in json.loads(x).items() if k != "wall_time_s"} for x in p.read_text().splitlines()),
+        key=lambda r: r["seed"],
+    )
+    assert load(tmp_path / "local" / "episodes.jsonl") == load(tmp_path / "pool" / "episodes.jsonl")
+
+    _run(tmp_path / "crash", "--agent", "tests.test_eval_run:CrashCommandAgent", "--tasks", "test/Faulty-v0",
+         "--episodes", "3", "--num-workers", "1")
+    recs = [json.loads(x) for x in (tmp_path / "crash" / "episodes.jsonl").read_text().splitlines()]
+    errored = [r for r in recs if r["error"]]
+    assert [r["seed"] for r in errored] == [1] and "crash" in errored[0]["error"]
+    assert sum(r["success"] for r in recs) == 2  # the episodes after the crash ran on a restarted worker
+
+
+class _CrashOnSeed1(Policy):
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    async def act(self, obs, info):
+        return "crash" if self.ctx.seed == 1 else await self.ctx.oracle()
+
+
+class CrashCommandAgent(Agent):
+    name = "crash-command"
+
+    def make_policy(self, ctx):
+        return _CrashOnSeed1(ctx)

@@ -125,3 +125,26 @@ def test_soak_5000_episodes_keeps_rss_and_fds_flat():
     rss0, fd0, rss1, fd1 = asyncio.run(main())
     print(f"soak: rss {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, fds {fd0} -> {fd1}")
     assert fd1 == fd0 and rss1 - rss0 < 20 * 2**20
+
+
+def test_vector_adapter_declares_autoreset_and_matches_single_envs():
+    from gymnasium.vector import AutoresetMode
+
+    from crl_envs.pool import PoolVectorEnv
+
+    venv = PoolVectorEnv("test/Guess-v0", num_envs=3, num_workers=2)
+    try:
+        assert venv.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+        obs, infos = venv.reset(seed=10)
+        singles = [gym.make("test/Guess-v0") for _ in range(3)]
+        assert obs == tuple(e.reset(seed=10 + i)[0] for i, e in enumerate(singles))
+        targets = [e.unwrapped.target for e in singles]
+        obs, rew, term, trunc, infos = venv.step(tuple(str(t) for t in targets))
+        assert term.all() and (rew == 1.0).all() and infos["success"].all() and infos["_success"].all()
+        # next step autoresets: actions ignored, reward 0, episode starts over
+        obs, rew, term, trunc, infos = venv.step(("1", "1", "1"))
+        assert not term.any() and (rew == 0).all() and all("Guess a number" in o for o in obs)
+        obs, rew, term, trunc, infos = venv.step(("x", "5", "5"))
+        assert list(infos["valid_action"]) == [False, True, True]
+    finally:
+        venv.close()

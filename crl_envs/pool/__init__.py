@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from crl_envs.pool.local import EnvError, EnvPool, SyncEnvPool
+from crl_envs.pool.vector import PoolVectorEnv
 
-__all__ = ["EnvError", "EnvPool", "SyncEnvPool"]
+__all__ = ["EnvError", "EnvPool", "PoolVectorEnv", "SyncEnvPool"]
