@@ -1,0 +1,86 @@
+"""EnvPool throughput against the plain sequential loop, on the same actions in the same run.
+
+- cheap env (Sokoban 6x6): per-step overhead of worker processes, in microseconds
+  (target <= 100 us; a peer's thread-based async vector env adds 26-96 us here);
+- CPU-heavy env (Sokoban that re-solves its level every step): speed-up with 2 workers on
+  2 cores (target >= 1.7x).
+
+Run: ``python benchmarks/pool.py``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import crl_envs  # noqa: E402,F401
+from crl_envs.pool import EnvPool  # noqa: E402
+
+MOVES = ["up", "down", "left", "right"]
+if "bench/HeavySokoban-v0" not in gym.registry:
+    gym.register("bench/HeavySokoban-v0", entry_point="_heavy_env:HeavySokoban", max_episode_steps=100)
+
+
+def _actions(n: int, seed: int) -> list[str]:
+    return [MOVES[i] for i in np.random.default_rng(seed).integers(4, size=n)]
+
+
+def sequential(env_id: str, n_envs: int, steps: int) -> float:
+    envs = [gym.make(env_id) for _ in range(n_envs)]
+    plans = [_actions(steps, i) for i in range(n_envs)]
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    t = time.perf_counter()
+    for k in range(steps):
+        for i, e in enumerate(envs):
+            if any(e.step(plans[i][k])[2:4]):
+                e.reset(seed=i)
+    return time.perf_counter() - t
+
+
+def pooled(env_id: str, n_envs: int, steps: int, workers: int) -> float:
+    plans = [_actions(steps, i) for i in range(n_envs)]
+
+    async def main() -> float:
+        async with EnvPool([env_id] * n_envs, num_workers=workers) as pool:
+            await asyncio.gather(*(pool.reset(i, seed=i) for i in range(n_envs)))
+
+            async def run(i: int) -> None:
+                for a in plans[i]:
+                    if any((await pool.step(i, a))[2:4]):
+                        await pool.reset(i, seed=i)
+
+            t = time.perf_counter()
+            await asyncio.gather(*(run(i) for i in range(n_envs)))
+            return time.perf_counter() - t
+
+    return asyncio.run(main())
+
+
+def main() -> None:
+    n_envs, steps = 4, 2000
+    seq = sequential("crl/Sokoban-6x6-2-v0", n_envs, steps)
+    total = n_envs * steps
+    print(f"cheap env, {total} steps: sequential {seq / total * 1e6:.1f} us/step")
+    for w in (1, 2):
+        t = pooled("crl/Sokoban-6x6-2-v0", n_envs, steps, w)
+        print(f"  pool {w} worker(s): {t / total * 1e6:.1f} us/step, overhead {(t - seq) / total * 1e6:+.1f} us/step "
+              f"(target <= 100), speed ratio {seq / t:.2f}x")
+    n_envs, steps = 4, 60
+    total = n_envs * steps
+    seq = sequential("bench/HeavySokoban-v0", n_envs, steps)
+    print(f"CPU-heavy env, {total} steps: sequential {seq / total * 1e3:.2f} ms/step")
+    for w in (1, 2):
+        t = pooled("bench/HeavySokoban-v0", n_envs, steps, w)
+        print(f"  pool {w} worker(s): {t / total * 1e3:.2f} ms/step, speed-up {seq / t:.2f}x"
+              + (" (target >= 1.7x)" if w == 2 else ""))
+
+
+if __name__ == "__main__":
+    main()
