@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import crl_envs  # noqa: E402,F401
-from crl_envs.pool import EnvPool  # noqa: E402
+from crl_envs.pool import make_pool  # noqa: E402
 
 MOVES = ["up", "down", "left", "right"]
 if "bench/HeavySokoban-v0" not in gym.registry:
@@ -44,11 +44,11 @@ def sequential(env_id: str, n_envs: int, steps: int) -> float:
     return time.perf_counter() - t
 
 
-def pooled(env_id: str, n_envs: int, steps: int, workers: int) -> float:
+def pooled(env_id: str, n_envs: int, steps: int, workers: int, backend: str = "process") -> float:
     plans = [_actions(steps, i) for i in range(n_envs)]
 
     async def main() -> float:
-        async with EnvPool([env_id] * n_envs, num_workers=workers) as pool:
+        async with make_pool([env_id] * n_envs, backend, num_workers=workers) as pool:
             await asyncio.gather(*(pool.reset(i, seed=i) for i in range(n_envs)))
 
             async def run(i: int) -> None:
@@ -72,6 +72,19 @@ def main() -> None:
         t = pooled("crl/Sokoban-6x6-2-v0", n_envs, steps, w)
         print(f"  pool {w} worker(s): {t / total * 1e6:.1f} us/step, overhead {(t - seq) / total * 1e6:+.1f} us/step "
               f"(target <= 100), speed ratio {seq / t:.2f}x")
+    try:
+        import ray
+
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}})
+        proc = pooled("crl/Sokoban-6x6-2-v0", n_envs, steps // 4, 1)
+        t = pooled("crl/Sokoban-6x6-2-v0", n_envs, steps // 4, 1, backend="ray")
+        n = n_envs * (steps // 4)
+        print(f"  ray 1 actor: {t / n * 1e6:.1f} us/step, {t / proc:.1f}x the process backend's per-step time")
+        ray.shutdown()
+    except ImportError:
+        print("  ray not installed: skipped the ray backend")
     n_envs, steps = 4, 60
     total = n_envs * steps
     seq = sequential("bench/HeavySokoban-v0", n_envs, steps)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from crl_agent.agents import BUILTIN, Agent, EpisodeContext, EpisodeResult, load_agent_class
 from crl_envs.core import TextEnv
-from crl_envs.pool import EnvPool
+from crl_envs.pool import BACKENDS, EnvPool, make_pool
 from eval import report
 from eval.results import EpisodeLog, episode_key, summarize, write_json
 from eval.suites import TASK_SETS, TaskSetError, resolve_tasks
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="env worker processes per task; 0 runs envs in this process (default: 0)",
     )
+    p.add_argument("--env-backend", choices=BACKENDS, default="process", help="where pooled envs run (default: process)")
     p.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung env step errors (default: 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or table")
     return p
@@ -152,13 +153,14 @@ async def run_task(
     quiet: bool,
     num_workers: int = 0,
     timeout: float = 60.0,
+    backend: str = "process",
 ) -> list[dict[str, Any]]:
     """Run ``seeds`` of one task with ``concurrency`` envs, in-process or in ``num_workers`` processes."""
     n_envs = max(1, min(concurrency, len(seeds)))
     pool = None
     if num_workers > 0:
         has_solver = _has_solver(gym.make(env_id))
-        pool = EnvPool([env_id] * n_envs, num_workers=num_workers, timeout=timeout)
+        pool = make_pool([env_id] * n_envs, backend, num_workers=num_workers, timeout=timeout)
         await pool.start()
         made = [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
     else:
@@ -211,6 +213,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "episodes": args.episodes,
         "seed": args.seed,
         "num_workers": args.num_workers,
+        "env_backend": args.env_backend,
         "argv": sys.argv[1:],
     }
     try:
@@ -219,7 +222,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             todo = [s for s in seeds if episode_key(env_id, s) not in done]
             if todo:
                 await run_task(
-                    env_id, agent, todo, log, args.concurrency, args.quiet, args.num_workers, args.step_timeout
+                    env_id, agent, todo, log, args.concurrency, args.quiet, args.num_workers, args.step_timeout,
+                    args.env_backend,
                 )
     finally:
         await agent.aclose()

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import asyncio
+import os
+
+import gymnasium as gym
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray backend needs ray (pip install -e '.[ray]')")
+
+from crl_envs.pool import EnvError  # noqa: E402
+from crl_envs.pool.ray_pool import RayEnvPool  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": root}})
+    yield
+    ray.shutdown()
+
+
+def test_ray_backend_matches_in_process_and_contains_faults(ray_cluster):
+    async def main():
+        async with RayEnvPool(["crl/Sokoban-6x6-2-v0", "test/Faulty-v0"], num_workers=2, timeout=3.0) as pool:
+            local = gym.make("crl/Sokoban-6x6-2-v0")
+            assert (await pool.reset(0, seed=2))[0] == local.reset(seed=2)[0]
+            for a in ["up", "left", "down"]:
+                got, want = await pool.step(0, a), local.step(a)
+                assert got[:4] == tuple(want[:4])
+            assert await pool.call(0, "oracle_action") in {"up", "down", "left", "right"}
+            await pool.reset(1, seed=0)
+            with pytest.raises(EnvError, match="exception: RuntimeError"):
+                await pool.step(1, "raise")
+            with pytest.raises(EnvError, match="timeout"):
+                await pool.step(1, "hang")
+            await pool.reset(1, seed=1)
+            with pytest.raises(EnvError, match="crash|timeout"):
+                await pool.step(1, "crash")
+            assert pool.restarts() >= 1
+            # the restarted actor serves correct episodes; the other slot kept running
+            fresh = gym.make("test/Faulty-v0")
+            assert (await pool.reset(1, seed=4))[0] == fresh.reset(seed=4)[0]
+            assert (await pool.step(0, "right"))[4]["valid_action"]
+
+    asyncio.run(main())
