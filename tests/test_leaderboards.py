@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from leaderboards.build import ROOT, main, render
+from leaderboards.schema import SubmissionError, load_submission
+
+
+def test_every_committed_submission_is_valid_and_the_readme_is_current(tmp_path):
+    assert main(["--check"]) == 0
+    subs = [load_submission(d) for d in sorted((ROOT / "submissions").iterdir()) if d.is_dir()]
+    assert subs, "the baselines must be committed"
+    assert (ROOT / "README.md").read_text() == render(subs), "run python -m leaderboards.build"
+
+
+@pytest.fixture
+def submission(tmp_path) -> Path:
+    src = sorted(d for d in (ROOT / "submissions").iterdir() if d.is_dir())[0]
+    dst = tmp_path / "subs" / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit(path: Path, fn) -> None:
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("schema_version"), "summary.json: schema_version"),
+        (lambda d: next(iter(d["tasks"].values())).pop("success"), r"summary.json: tasks\.crl/.*\.success: missing"),
+        (lambda d: next(iter(d["tasks"].values())).update(success=1.5), r"success: 1.5 is outside"),
+        (lambda d: next(iter(d["tasks"].values())).update(episodes="many"), r"episodes: expected int"),
+    ],
+)
+def test_a_bad_summary_is_rejected_naming_file_and_field(submission, edit, message):
+    _edit(submission / "summary.json", edit)
+    with pytest.raises(SubmissionError, match=message):
+        load_submission(submission)
+    assert main(["--check", "--submissions", str(submission.parent)]) == 1
+
+
+def test_bad_metadata_is_rejected_naming_the_field(submission):
+    (submission / "metadata.yaml").write_text("name: x\nmodel: m\nagent: a\ndate: '2026-01-01'\nurl: ''\n")
+    with pytest.raises(SubmissionError, match="metadata.yaml: verified: missing"):
+        load_submission(submission)
+    (submission / "metadata.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(SubmissionError, match="not valid YAML"):
+        load_submission(submission)
+
+
+def test_tables_are_sorted_by_macro_success(submission, tmp_path):
+    out = tmp_path / "board.md"
+    assert main(["--submissions", str(ROOT / "submissions"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.index("oracle baseline") < text.index("random baseline")
