@@ -36,6 +36,16 @@ class EnvError(RuntimeError):
         super().__init__(f"{env_id} (slot {slot}, seed {seed}): {cause}: {detail}")
 
 
+def parse_envs(envs: list[tuple[str, dict[str, Any]] | str]) -> list[tuple[str, dict[str, Any]]]:
+    """Normalise ``envs`` to ``(env_id, kwargs)`` pairs, checking every id up front."""
+    pairs = [(e, {}) if isinstance(e, str) else (e[0], dict(e[1])) for e in envs]
+    if not pairs:
+        raise ValueError("EnvPool needs at least one env")
+    for env_id, _ in pairs:
+        check_env_id(env_id)
+    return pairs
+
+
 @dataclass
 class _Slot:
     env_id: str
@@ -73,11 +83,7 @@ class EnvPool:
         timeout: float = 60.0,
         reset_timeout: float = 300.0,
     ):
-        pairs = [(e, {}) if isinstance(e, str) else (e[0], dict(e[1])) for e in envs]
-        if not pairs:
-            raise ValueError("EnvPool needs at least one env")
-        for env_id, _ in pairs:
-            check_env_id(env_id)
+        pairs = parse_envs(envs)
         self.num_workers = max(1, min(num_workers or min(2, len(pairs)), len(pairs)))
         self.timeout, self.reset_timeout = timeout, reset_timeout
         self.slots = [_Slot(i, kw, gym.spec(i), n % self.num_workers) for n, (i, kw) in enumerate(pairs)]

@@ -17,8 +17,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from crl_envs.pool.local import EnvError
-from crl_envs.registry import check_env_id
+from crl_envs.pool.local import EnvError, parse_envs
 
 
 def _ray():
@@ -62,11 +61,7 @@ class RayEnvPool:
         timeout: float = 60.0,
         reset_timeout: float = 300.0,
     ):
-        pairs = [(e, {}) if isinstance(e, str) else (e[0], dict(e[1])) for e in envs]
-        if not pairs:
-            raise ValueError("EnvPool needs at least one env")
-        for env_id, _ in pairs:
-            check_env_id(env_id)
+        pairs = parse_envs(envs)
         self.num_workers = max(1, min(num_workers or min(2, len(pairs)), len(pairs)))
         self.timeout, self.reset_timeout = timeout, reset_timeout
         self.slots = [(i, kw, gym.spec(i), n % self.num_workers) for n, (i, kw) in enumerate(pairs)]
