@@ -1,0 +1,1 @@
+"""MiniHack tasks on the real NetHack engine (nle), rendered as text."""
