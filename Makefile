@@ -2,7 +2,7 @@
 # EXTRAS lists the optional backends installed into .venv; families that have landed add theirs.
 PY ?= python3
 VENV ?= .venv
-EXTRAS ?= test,ray
+EXTRAS ?= test,ray,minihack
 APT_PACKAGES ?=
 
 .PHONY: setup run test lint bench

@@ -80,7 +80,7 @@ class CrashingAgent(Agent):
 
 
 def test_unlanded_set_member_names_its_family():
-    with pytest.raises(TaskSetError, match="MiniHack family has not landed"):
+    with pytest.raises(TaskSetError, match="WebShop family has not landed"):
         resolve_tasks("6")
 
 

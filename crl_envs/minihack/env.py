@@ -9,8 +9,9 @@ import gymnasium as gym
 import numpy as np
 
 from crl_envs.core import InvalidAction, StepOutcome, TextEnv
+from crl_envs.minihack.solver import MiniHackPlanner
 
-_OBS_KEYS = ("chars", "blstats", "message", "screen_descriptions", "inv_strs", "tty_chars")
+_OBS_KEYS = ("chars", "blstats", "message", "screen_descriptions", "inv_strs", "inv_letters", "tty_chars")
 _NAMES = {
     "N": "north", "E": "east", "S": "south", "W": "west",
     "NE": "northeast", "SE": "southeast", "SW": "southwest", "NW": "northwest",
@@ -86,7 +87,12 @@ class MiniHackTextEnv(TextEnv):
         letters = [by_value[ord(c)] for c in string.ascii_letters]
         actions = base + [a for a in letters if a not in base] + [by_value[_RETURN], by_value[_ESC]]
         self._nle = gym.make(
-            task, observation_keys=_OBS_KEYS, actions=tuple(actions), allow_all_yn_questions=True, disable_env_checker=True
+            task,
+            observation_keys=_OBS_KEYS,
+            actions=tuple(actions),
+            allow_all_yn_questions=True,
+            max_episode_steps=10**7,  # our TimeLimit governs, so the limit is a truncation
+            disable_env_checker=True,
         )
         self._index = {int(a): i for i, a in enumerate(actions)}
         self._named: dict[str, int] = {}
@@ -96,6 +102,7 @@ class MiniHackTextEnv(TextEnv):
         self._goal = next((g for k, g in _GOAL.items() if f"-{k}" in task), "Reach the staircase down (>).")
         self._obs: dict[str, np.ndarray] = {}
         self._prompt = ""
+        self._planner = MiniHackPlanner()
 
     # ------------------------------------------------------------------ env
     def _reset_task(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
@@ -103,6 +110,7 @@ class MiniHackTextEnv(TextEnv):
         self._nle.unwrapped.seed(core, disp, reseed=False)
         self._obs, _ = self._nle.reset()
         self._prompt = ""
+        self._planner = MiniHackPlanner()
         self._continue_more()
         return self._render(), {"task": self._goal}
 
@@ -146,6 +154,9 @@ class MiniHackTextEnv(TextEnv):
 
     def _admissible_actions(self) -> list[str]:
         return list(self._named) + (["escape"] if self._prompt else [])
+
+    def oracle_action(self) -> str:
+        return self._planner.act(self._obs, self._prompt)
 
     # ------------------------------------------------------------ rendering
     def map_lines(self) -> tuple[list[str], int, int]:

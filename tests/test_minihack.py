@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import re
+
+import gymnasium as gym
+import pytest
+
+pytest.importorskip("nle", reason="MiniHack needs nle (pip install -e '.[minihack]')")
+pytest.importorskip("minihack", reason="MiniHack needs minihack (pip install -e '.[minihack]')")
+
+import crl_envs  # noqa: E402,F401
+
+
+def _play_oracle(env_id: str, seed: int):
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=seed)
+    for _ in range(env.spec.max_episode_steps):
+        obs, reward, term, trunc, info = env.step(env.unwrapped.oracle_action())
+        if term or trunc:
+            break
+    env.close()
+    return info["success"], reward
+
+
+@pytest.mark.parametrize("env_id", ["crl/MiniHack-Room-5x5-v0", "crl/MiniHack-MazeWalk-9x9-v0",
+                                    "crl/MiniHack-KeyRoom-S5-v0"])
+def test_solver_wins_seeded_instances(env_id):
+    results = [_play_oracle(env_id, s) for s in range(5)]
+    assert all(ok and r == 1.0 for ok, r in results), results
+
+
+def test_same_seed_gives_the_same_map_and_transitions():
+    def transcript(env, seed):
+        out = [env.reset(seed=seed)[0]]
+        out += [env.step(a)[0] for a in ["north", "east", "south", "west", "southeast"]]
+        return out
+
+    a, b = gym.make("crl/MiniHack-Room-Random-5x5-v0"), gym.make("crl/MiniHack-Room-Random-5x5-v0")
+    first = transcript(a, 3)
+    transcript(a, 4)
+    assert transcript(a, 3) == first == transcript(b, 3)
+    assert transcript(b, 5) != first
+
+
+def test_render_shows_map_legend_message_and_true_position_and_hp():
+    env = gym.make("crl/MiniHack-KeyRoom-S5-v0")
+    obs, _ = env.reset(seed=2)
+    for _ in range(3):
+        lines = obs.splitlines()
+        assert lines[0].startswith("Goal:") and lines[1].startswith("Message:")
+        m = re.search(r"You \(@\) are at row (\d+), column (\d+) of the map\. HP (\d+)/(\d+)", obs)
+        grid = lines[lines.index("Map:") + 1: lines.index("Map:") + 1 + len(env.unwrapped.map_lines()[0])]
+        row, col = int(m.group(1)), int(m.group(2))
+        assert grid[row][col] == "@"
+        status = re.search(r"HP:(\d+)\((\d+)\)", obs)
+        assert (status.group(1), status.group(2)) == (m.group(3), m.group(4))
+        assert "Legend:" in obs and "@ human" in obs and "floor of a room" in obs
+        assert "Inventory:" in obs
+        obs, *_ = env.step("south")
+
+
+def test_item_letters_only_answer_questions_and_bad_input_is_invalid():
+    env = gym.make("crl/MiniHack-KeyRoom-S5-v0")
+    env.reset(seed=0)
+    for action in ["f", "dance", "", "x" * 5000, "northnorth"]:
+        obs, reward, term, trunc, info = env.step(action)
+        assert not info["valid_action"] and reward == 0 and "Invalid action" in obs
+    obs, *_, info = env.step("apply")
+    assert "What do you want to use or apply?" in obs and "escape" in info["admissible_actions"]
+    obs, *_, info = env.step("escape")
+    assert info["valid_action"] and "NetHack asks" not in obs
