@@ -62,23 +62,19 @@ def register_builtin_envs() -> None:
             size=size,
             num_boxes=boxes,
         )
-    _register_minihack()
-
-
-# ---------------------------------------------------------------- MiniHack
-# Episode limits are MiniHack's own defaults for each task.
-MINIHACK_TASKS = {
-    "Room-5x5": 100, "Room-15x15": 300,
-    **{f"Room-{v}-{s}": n for v in ("Random", "Dark", "Monster", "Trap", "Ultimate")
-       for s, n in (("5x5", 100), ("15x15", 300))},
-    "MazeWalk-9x9": 200, "MazeWalk-15x15": 1000, "MazeWalk-45x19": 1000,
-    "MazeWalk-Mapped-9x9": 200, "MazeWalk-Mapped-15x15": 1000, "MazeWalk-Mapped-45x19": 1000,
-    "KeyRoom-S5": 200, "KeyRoom-S15": 400, "KeyRoom-Fixed-S5": 200, "KeyRoom-Dark-S5": 200, "KeyRoom-Dark-S15": 400,
-}
-
-
-def _register_minihack() -> None:
-    for variant, steps in MINIHACK_TASKS.items():
+    # ---------------------------------------------------------------- MiniHack
+    # Episode limits are MiniHack's own defaults for each task (env._max_episode_steps):
+    # 100 for 5x5 rooms, 300 for 15x15 rooms, 200/1000 for mazes, 200/400 for KeyRoom S5/S15.
+    minihack_tasks = {
+        "Room-5x5": 100, "Room-15x15": 300,
+        **{f"Room-{v}-{s}": n for v in ("Random", "Dark", "Monster", "Trap", "Ultimate")
+           for s, n in (("5x5", 100), ("15x15", 300))},
+        "MazeWalk-9x9": 200, "MazeWalk-15x15": 1000, "MazeWalk-45x19": 1000,
+        "MazeWalk-Mapped-9x9": 200, "MazeWalk-Mapped-15x15": 1000, "MazeWalk-Mapped-45x19": 1000,
+        "KeyRoom-S5": 200, "KeyRoom-S15": 400, "KeyRoom-Fixed-S5": 200,
+        "KeyRoom-Dark-S5": 200, "KeyRoom-Dark-S15": 400,
+    }
+    for variant, steps in minihack_tasks.items():
         _register(f"crl/MiniHack-{variant}-v0", "crl_envs.minihack.env:MiniHackTextEnv", steps,
                   task=f"MiniHack-{variant}-v0")
 

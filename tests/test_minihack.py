@@ -69,3 +69,36 @@ def test_item_letters_only_answer_questions_and_bad_input_is_invalid():
     assert "What do you want to use or apply?" in obs and "escape" in info["admissible_actions"]
     obs, *_, info = env.step("escape")
     assert info["valid_action"] and "NetHack asks" not in obs
+
+
+MINIHACK_IDS = sorted(i for i in gym.registry if i.startswith("crl/MiniHack-"))
+
+
+def test_every_task_is_registered():
+    assert len(MINIHACK_IDS) == 23 and "crl/MiniHack-KeyRoom-S5-v0" in MINIHACK_IDS
+
+
+@pytest.mark.parametrize("env_id", MINIHACK_IDS)
+def test_conformance_kit(env_id):
+    from crl_envs.testing import check_text_env
+
+    check_text_env(env_id, seeds=(0, 1), n_steps=8)
+
+
+def test_one_env_over_many_episodes_matches_fresh_envs():
+    def play(env, seed):
+        obs, info = env.reset(seed=seed)
+        rows = [obs]
+        for _ in range(30):
+            obs, r, term, trunc, info = env.step(env.unwrapped.oracle_action())
+            rows.append((obs, r, term, trunc))
+            if term or trunc:
+                break
+        return rows
+
+    reused = gym.make("crl/MiniHack-KeyRoom-S5-v0")
+    got = [play(reused, s) for s in range(4)]
+    for s in range(4):
+        fresh = gym.make("crl/MiniHack-KeyRoom-S5-v0")
+        assert play(fresh, s) == got[s]
+        fresh.close()

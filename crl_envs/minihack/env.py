@@ -170,17 +170,14 @@ class MiniHackTextEnv(TextEnv):
         return [bytes(r).decode("latin-1") for r in chars[r0:r1, c0:c1]], int(r0), int(c0)
 
     def _legend(self) -> str:
+        """One NetHack screen description per distinct symbol on the map (vectorised)."""
         chars = self._obs["chars"]
-        mask = chars != 32
-        flat = chars[mask]
-        if flat.size == 0:
-            return ""
-        uniq, first = np.unique(flat, return_index=True)
-        rr, cc = np.nonzero(mask)
-        descs = self._obs["screen_descriptions"]
+        uniq, first = np.unique(chars.ravel(), return_index=True)
+        keep = uniq != 32
+        descs = self._obs["screen_descriptions"].reshape(chars.size, -1)
         parts = []
-        for ch, i in zip(uniq, first, strict=True):
-            d = _text(descs[rr[i], cc[i]])
+        for ch, i in zip(uniq[keep], first[keep], strict=True):
+            d = _text(descs[i])
             parts.append(f"{chr(ch)} {d}" if d else chr(ch))
         return "; ".join(parts)
 
@@ -190,7 +187,6 @@ class MiniHackTextEnv(TextEnv):
         x, y, hp, max_hp = int(bl[0]), int(bl[1]), int(bl[10]), int(bl[11])
         tty = self._obs["tty_chars"]
         status = "\n".join(bytes(r).decode("latin-1").rstrip() for r in tty[22:24])
-        inv = [_text(s) for s in self._obs["inv_strs"] if s.any()]
         out = [
             f"Goal: {self._goal}",
             f"Message: {_text(self._obs['message']) or '(none)'}",
@@ -201,6 +197,8 @@ class MiniHackTextEnv(TextEnv):
             f"Legend: {self._legend()}",
         ]
         if "KeyRoom" in self.task:
+            strs = self._obs["inv_strs"]
+            inv = [_text(strs[i]) for i in np.flatnonzero(strs[:, 0])]
             out.append("Inventory: " + ("; ".join(inv) if inv else "(empty)"))
         if self._prompt:
             out.append(f"NetHack asks: {self._prompt} (answer with a letter, a direction, or escape)")
