@@ -1,0 +1,89 @@
+"""The one async interface every LLM backend implements.
+
+A backend turns a chat (a list of ``{"role": ..., "content": ...}`` messages) into a
+:class:`Completion` that carries the text *and* what a trainer needs later: the prompt's and
+the completion's token ids and the per-token log-probs of the sampled tokens.
+
+Backends (``transformers``, ``vllm``, ``openai``) live next to this module and are built by
+:func:`crl_agent.llm.make_llm`. Agents, the experience extractor and the trainer only ever
+see :class:`LLM`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion.
+
+    Attributes:
+        max_tokens: cap on generated tokens.
+        temperature: 0 means greedy.
+        top_p: nucleus sampling mass.
+        stop: strings that end the completion; the stop string itself is not returned.
+        seed: per-request sampling seed (``None``: the backend's own stream).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled completion.
+
+    Attributes:
+        text: the completion text (stop string removed).
+        token_ids: ids of the generated tokens (may be empty where a server does not return them).
+        logprobs: log-prob of each generated token under the sampling model, aligned with
+            ``token_ids`` (may be empty where the server does not return them).
+        prompt_token_ids: ids of the rendered prompt (chat template applied), where known.
+        prompt_tokens: number of prompt tokens (always set).
+        finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"``.
+        model: which model produced it.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_token_ids: list[int] | None = None
+    prompt_tokens: int = 0
+    finish_reason: str = "stop"
+    model: str = ""
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class LLMError(RuntimeError):
+    """A backend could not produce a completion (after its retries)."""
+
+
+class LLM(abc.ABC):
+    """An async chat-completion backend.
+
+    Concurrent ``chat`` calls are expected: backends batch or pipeline them.
+    """
+
+    name: str = "llm"
+
+    @abc.abstractmethod
+    async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
+        """Complete one chat."""
+
+    def config(self) -> dict[str, Any]:
+        """A JSON-serialisable description for ``summary.json`` (never secrets)."""
+        return {"backend": self.name}
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release the model, threads or HTTP connections."""
