@@ -77,6 +77,12 @@ def register_builtin_envs() -> None:
     for variant, steps in minihack_tasks.items():
         _register(f"crl/MiniHack-{variant}-v0", "crl_envs.minihack.env:MiniHackTextEnv", steps,
                   task=f"MiniHack-{variant}-v0")
+    # ---------------------------------------------------------------- ALFWorld
+    # (ALFWorld ids go here)
+    # ---------------------------------------------------------------- WebShop
+    # (WebShop ids go here)
+    # ---------------------------------------------------------------- SWE-bench
+    # (SWE ids go here)
 
 
 def load_plugins() -> list[str]:
