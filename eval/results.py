@@ -19,7 +19,8 @@ import gymnasium as gym
 
 from crl_agent.agents.base import EpisodeResult
 
-SCHEMA_VERSION = "1.0"
+# 1.1 added tokens, numeric agent extras per task, and the list of errored episodes.
+SCHEMA_VERSION = "1.1"
 
 
 def git_sha() -> str | None:
@@ -88,6 +89,16 @@ def _mean_se(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(var / len(xs))
 
 
+def _extra_means(recs: list[dict[str, Any]]) -> dict[str, float]:
+    """Means of the numeric fields agents report in ``EpisodeResult.extra`` (e.g. ``search_time_s``)."""
+    sums: dict[str, list[float]] = {}
+    for r in recs:
+        for k, v in (r.get("extra") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                sums.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in sorted(sums.items())}
+
+
 def env_metadata(env_id: str) -> dict[str, Any]:
     spec = gym.spec(env_id)
     return {
@@ -127,11 +138,18 @@ def summarize(
             "mean_actions": actions,
             "mean_invalid_actions": _mean_se([float(r["invalid_actions"]) for r in recs])[0],
             "mean_wall_time_s": _mean_se([float(r["wall_time_s"]) for r in recs])[0],
+            "mean_tokens_in": _mean_se([float(r.get("tokens_in", 0)) for r in recs])[0],
+            "mean_tokens_out": _mean_se([float(r.get("tokens_out", 0)) for r in recs])[0],
+            "extra": _extra_means(recs),
         }
     per_task = [t for t in tasks.values() if t["episodes"]]
     macro_success = sum(t["success"] for t in per_task) / len(per_task) if per_task else float("nan")
     # The macro average's standard error, treating tasks as independent.
     macro_se = math.sqrt(sum(t["success_se"] ** 2 for t in per_task)) / len(per_task) if per_task else float("nan")
+    errors = [
+        {"key": r["key"], "env_id": r["env_id"], "seed": r["seed"], "error": str(r["error"]).strip().splitlines()[0]}
+        for r in records if r.get("error")
+    ]
     return {
         "schema_version": SCHEMA_VERSION,
         "package_version": crl_envs.__version__,
@@ -147,6 +165,7 @@ def summarize(
             "progress": sum(t["progress"] for t in per_task) / len(per_task) if per_task else float("nan"),
             "tasks": len(per_task),
         },
+        "errors": errors,
     }
 
 

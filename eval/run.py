@@ -55,6 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-backend", choices=BACKENDS, default="process", help="where pooled envs run (default: process)")
     p.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung env step errors (default: 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or table")
+    p.add_argument("--sequential-tasks", action="store_true",
+                   help="run tasks one after another instead of side by side")
+    g = p.add_argument_group("agent options (passed to agents whose constructor takes them)")
+    g.add_argument("--model", default=None, help="LLM: a local model directory or a server's model name "
+                   "(default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--backend", default=None, help="LLM backend: transformers, openai or vllm (default: transformers)")
+    g.add_argument("--experience", choices=("on", "off"), default=None,
+                   help="crl: use test-time experience (off evaluates without it, as in the paper)")
+    g.add_argument("--bank", type=Path, default=None, help="crl: experience bank directory to persist and reuse")
+    g.add_argument("--extractor-model", default=None, help="crl: extractor model (default: the actor's model)")
+    g.add_argument("--agent-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other constructor argument; VALUE is parsed as JSON when it can be (repeatable)")
     return p
 
 
@@ -154,21 +166,29 @@ async def run_task(
     num_workers: int = 0,
     timeout: float = 60.0,
     backend: str = "process",
+    position: int = 0,
 ) -> list[dict[str, Any]]:
     """Run ``seeds`` of one task with ``concurrency`` envs, in-process or in ``num_workers`` processes."""
     n_envs = max(1, min(concurrency, len(seeds)))
     pool = None
-    if num_workers > 0:
-        has_solver = _has_solver(gym.make(env_id))
-        pool = make_pool([env_id] * n_envs, backend, num_workers=num_workers, timeout=timeout)
-        await pool.start()
-        made = [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
-    else:
-        made = [LocalHandle(env_id) for _ in range(n_envs)]
+    try:
+        if num_workers > 0:
+            probe = gym.make(env_id)
+            has_solver = _has_solver(probe)
+            probe.close()
+            pool = make_pool([env_id] * n_envs, backend, num_workers=num_workers, timeout=timeout)
+            await pool.start()
+            made = [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
+        else:
+            made = [LocalHandle(env_id) for _ in range(n_envs)]
+    except Exception as e:  # noqa: BLE001 - e.g. official data missing: one clear message, not a traceback
+        if pool is not None:
+            pool.close()
+        raise TaskSetError(f"{env_id}: cannot create the env: {type(e).__name__}: {e}") from e
     envs: asyncio.Queue = asyncio.Queue()
     for h in made:
         envs.put_nowait(h)
-    bar = tqdm(total=len(seeds), desc=env_id, disable=quiet, unit="ep", leave=True)
+    bar = tqdm(total=len(seeds), desc=env_id, disable=quiet, unit="ep", leave=True, position=position)
     records = []
 
     async def one(i: int, seed: int) -> None:
@@ -192,19 +212,54 @@ async def run_task(
     return records
 
 
-def make_agent(name: str, seed: int) -> Agent:
+AGENT_FLAGS = ("model", "backend", "experience", "bank", "extractor_model")
+
+
+def agent_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Constructor arguments the user asked for: the agent flags that were set, plus ``--agent-arg``."""
+    kwargs = {k: getattr(args, k) for k in AGENT_FLAGS if getattr(args, k, None) is not None}
+    if "bank" in kwargs:
+        kwargs["bank"] = str(kwargs["bank"])
+    for item in args.agent_arg:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--agent-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
+        try:
+            kwargs[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            kwargs[key] = raw
+    return kwargs
+
+
+def make_agent(name: str, seed: int, kwargs: dict[str, Any] | None = None, run_dir: Path | None = None) -> Agent:
+    """Build an agent, passing ``seed`` and ``run_dir`` where its constructor takes them.
+
+    Raises:
+        ValueError: when the user asked for an option the agent's constructor does not take.
+    """
     cls = load_agent_class(name)
-    kwargs = {"seed": seed} if "seed" in inspect.signature(cls).parameters else {}
+    params = inspect.signature(cls).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = dict(kwargs or {})
+    unknown = [k for k in kwargs if k not in params and not takes_any]
+    if unknown:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        raise ValueError(f"agent {name!r} does not take {flags} (its constructor takes: {', '.join(params) or 'nothing'})")
+    if "seed" in params:
+        kwargs["seed"] = seed
+    if "run_dir" in params and run_dir is not None:
+        kwargs["run_dir"] = str(run_dir)
     return cls(**kwargs)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     env_ids = resolve_tasks(args.tasks)
-    agent = make_agent(args.agent, args.seed)
-    out: Path = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}_{agent.name}"
+    kwargs = agent_kwargs(args)
+    out: Path = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}_{args.agent.rsplit(':', 1)[-1]}"
     log = EpisodeLog(out / "episodes.jsonl")
     if log.path.exists() and not args.resume:
         raise SystemExit(f"{log.path} exists: pass --resume to continue that run, or choose another --out")
+    agent = make_agent(args.agent, args.seed, kwargs, run_dir=out)
     log.repair()
     done = {r["key"]: r for r in log.load()}
     run_config = {
@@ -216,15 +271,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "env_backend": args.env_backend,
         "argv": sys.argv[1:],
     }
+    todo = {
+        env_id: [s for s in (args.seed + i for i in range(args.episodes)) if episode_key(env_id, s) not in done]
+        for env_id in env_ids
+    }
+    todo = {e: seeds for e, seeds in todo.items() if seeds}
     try:
-        for env_id in env_ids:
-            seeds = [args.seed + i for i in range(args.episodes)]
-            todo = [s for s in seeds if episode_key(env_id, s) not in done]
-            if todo:
-                await run_task(
-                    env_id, agent, todo, log, args.concurrency, args.quiet, args.num_workers, args.step_timeout,
-                    args.env_backend,
-                )
+        # Tasks run side by side (one progress bar each), so an LLM agent batches across tasks.
+        def job(i: int, env_id: str, seeds: list[int]):
+            return run_task(env_id, agent, seeds, log, args.concurrency, args.quiet, args.num_workers,
+                            args.step_timeout, args.env_backend, position=i)
+
+        if args.sequential_tasks:
+            for i, (env_id, seeds) in enumerate(todo.items()):
+                await job(i, env_id, seeds)
+        else:
+            await asyncio.gather(*(job(i, e, s) for i, (e, s) in enumerate(todo.items())))
     finally:
         await agent.aclose()
     wanted = {episode_key(e, args.seed + i) for e in env_ids for i in range(args.episodes)}
@@ -232,12 +294,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = summarize(records, env_ids, agent.config(), run_config)
     write_json(out / "summary.json", summary)
     (out / "results.md").write_text(report.markdown_table(summary), encoding="utf-8")
+    plots = report.write_plots([summary], out, records_by_run=[records])
     if not args.quiet:
         report.print_table(summary)
-        errored = [r for r in records if r.get("error")]
-        if errored:
-            print(f"{len(errored)} errored episodes; first: {errored[0]['key']}: {errored[0]['error'].splitlines()[0]}")
-        print(f"results in {out}")
+        report.print_errors(summary)
+        print(f"results in {out} (episodes.jsonl, summary.json, results.md{''.join(', ' + p.name for p in plots)})")
     return summary
 
 
