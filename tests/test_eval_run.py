@@ -128,3 +128,107 @@ class CrashCommandAgent(Agent):
 
     def make_policy(self, ctx):
         return _CrashOnSeed1(ctx)
+
+
+class _SlowOracle(Policy):
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    async def act(self, obs, info):
+        import asyncio
+
+        await asyncio.sleep(0.02)
+        return await self.ctx.oracle()
+
+
+class SlowOracleAgent(Agent):
+    name = "slow-oracle"
+
+    def make_policy(self, ctx):
+        return _SlowOracle(ctx)
+
+
+class KwargsAgent(Agent):
+    """Records the constructor arguments the harness passed."""
+
+    name = "kwargs"
+
+    def __init__(self, seed=0, model=None, temperature=1.0, run_dir=None):
+        self.kw = {"seed": seed, "model": model, "temperature": temperature, "run_dir": run_dir}
+
+    def make_policy(self, ctx):
+        return _SlowOracle(ctx)
+
+    def config(self):
+        return {**super().config(), **self.kw}
+
+
+def test_resume_after_kill_9_mid_run_loses_and_duplicates_nothing(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "eval.run", "--quiet", "--out", str(out), "--agent",
+           "tests.test_eval_run:SlowOracleAgent", "--tasks", "crl/Sokoban-6x6-1-v0,crl/Sokoban-6x6-2-v0", "--episodes", "30"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    episodes = out / "episodes.jsonl"
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if episodes.exists() and len(episodes.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    proc.kill()  # SIGKILL: no cleanup runs
+    proc.wait()
+    before = len(episodes.read_text().splitlines())
+    assert 5 <= before < 60
+    assert not (out / "summary.json").exists()
+    done = subprocess.run([*cmd, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(x) for x in episodes.read_text().splitlines()]
+    keys = [r["key"] for r in records]
+    assert len(keys) == len(set(keys)) == 60
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"]["crl/Sokoban-6x6-1-v0"]["success"] == 1.0
+    assert summary["tasks"]["crl/Sokoban-6x6-2-v0"]["episodes"] == 30
+
+
+def test_agent_options_reach_the_constructor_and_unknown_ones_are_refused(tmp_path):
+    _run(tmp_path / "a", "--agent", "tests.test_eval_run:KwargsAgent", "--tasks", "test/Guess-v0", "--episodes", "1",
+         "--model", "my-model", "--agent-arg", "temperature=0.25", "--seed", "5")
+    agent = json.loads((tmp_path / "a" / "summary.json").read_text())["agent"]
+    assert agent["model"] == "my-model" and agent["temperature"] == 0.25 and agent["seed"] == 5
+    assert agent["run_dir"] == str(tmp_path / "a")
+    proc = subprocess.run(
+        [sys.executable, "-m", "eval.run", "--out", str(tmp_path / "b"), "--agent", "random", "--tasks",
+         "crl/Sokoban-6x6-1-v0", "--model", "x"], capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 2 and "does not take --model" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "eval.run", "--out", str(tmp_path / "c"), "--agent", "random", "--tasks",
+         "crl/Sokoban-6x6-1-v0", "--agent-arg", "no-equals"], capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 2 and "KEY=VALUE" in proc.stderr
+
+
+def test_run_writes_plots_and_lists_errored_episodes(tmp_path):
+    _run(tmp_path / "x", "--agent", "tests.test_eval_run:CrashingAgent", "--tasks", "test/Guess-v0", "--episodes", "2")
+    summary = json.loads((tmp_path / "x" / "summary.json").read_text())
+    assert [e["key"] for e in summary["errors"]] == ["test/Guess-v0#0", "test/Guess-v0#1"]
+    assert "agent bug" in summary["errors"][0]["error"]
+    md = (tmp_path / "x" / "results.md").read_text()
+    assert "## Errored episodes (2)" in md and "test/Guess-v0#1" in md
+    for name in ("success.png", "actions.png"):
+        assert (tmp_path / "x" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_compares_runs_of_several_agents(tmp_path):
+    for agent in ("random", "oracle"):
+        _run(tmp_path / agent, "--agent", agent, "--tasks", "test/Guess-v0,crl/Sokoban-6x6-1-v0", "--episodes", "4")
+    from eval.report import main as report_main
+
+    assert report_main([str(tmp_path / "random"), str(tmp_path / "oracle"), "--out", str(tmp_path / "cmp")]) == 0
+    assert (tmp_path / "cmp" / "success.png").stat().st_size > 1000
+    md = (tmp_path / "cmp" / "results.md").read_text()
+    assert "agent `random`" in md and "agent `oracle`" in md
+    with pytest.raises(SystemExit):
+        report_main([str(tmp_path / "missing"), "--out", str(tmp_path / "cmp2")])
