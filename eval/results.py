@@ -122,6 +122,7 @@ def summarize(
     import crl_envs
 
     tasks: dict[str, Any] = {}
+    caps = run_config.get("max_episode_steps") or {}
     for env_id in env_ids:
         recs = [r for r in records if r["env_id"] == env_id]
         success, success_se = _mean_se([float(r["success"]) for r in recs])
@@ -129,6 +130,7 @@ def summarize(
         actions, _ = _mean_se([float(r["actions"]) for r in recs])
         tasks[env_id] = {
             **env_metadata(env_id),
+            **({"max_episode_steps": caps[env_id]} if env_id in caps else {}),
             "episodes": len(recs),
             "errored": sum(1 for r in recs if r.get("error")),
             "success": success,

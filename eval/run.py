@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-backend", choices=BACKENDS, default="process", help="where pooled envs run (default: process)")
     p.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung env step errors (default: 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or table")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="cap every env's episode length at N steps (default: each env's own limit)")
     p.add_argument("--sequential-tasks", action="store_true",
                    help="run tasks one after another instead of side by side")
     g = p.add_argument_group("agent options (passed to agents whose constructor takes them)")
@@ -78,8 +80,8 @@ def _has_solver(env: gym.Env) -> bool:
 class LocalHandle:
     """An env in this process, behind the same async calls as a pool slot."""
 
-    def __init__(self, env_id: str):
-        self.env = gym.make(env_id)
+    def __init__(self, env_id: str, make_kwargs: dict[str, Any] | None = None):
+        self.env = gym.make(env_id, **(make_kwargs or {}))
         self.has_solver = _has_solver(self.env)
 
     async def reset(self, seed: int):
@@ -167,6 +169,7 @@ async def run_task(
     timeout: float = 60.0,
     backend: str = "process",
     position: int = 0,
+    make_kwargs: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``seeds`` of one task with ``concurrency`` envs, in-process or in ``num_workers`` processes."""
     n_envs = max(1, min(concurrency, len(seeds)))
@@ -176,11 +179,12 @@ async def run_task(
             probe = gym.make(env_id)
             has_solver = _has_solver(probe)
             probe.close()
-            pool = make_pool([env_id] * n_envs, backend, num_workers=num_workers, timeout=timeout)
+            pool = make_pool([(env_id, make_kwargs or {})] * n_envs, backend, num_workers=num_workers,
+                             timeout=timeout)
             await pool.start()
             made = [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
         else:
-            made = [LocalHandle(env_id) for _ in range(n_envs)]
+            made = [LocalHandle(env_id, make_kwargs) for _ in range(n_envs)]
     except Exception as e:  # noqa: BLE001 - e.g. official data missing: one clear message, not a traceback
         if pool is not None:
             pool.close()
@@ -271,6 +275,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "env_backend": args.env_backend,
         "argv": sys.argv[1:],
     }
+    # --max-steps caps each env's own limit (the paper runs LLM agents for at most 30 turns).
+    step_caps = {}
+    if args.max_steps:
+        for env_id in env_ids:
+            limit = gym.spec(env_id).max_episode_steps
+            step_caps[env_id] = {"max_episode_steps": min(limit, args.max_steps) if limit else args.max_steps}
+    run_config["max_steps"] = args.max_steps
+    run_config["max_episode_steps"] = {e: c["max_episode_steps"] for e, c in step_caps.items()}
     todo = {
         env_id: [s for s in (args.seed + i for i in range(args.episodes)) if episode_key(env_id, s) not in done]
         for env_id in env_ids
@@ -280,7 +292,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # Tasks run side by side (one progress bar each), so an LLM agent batches across tasks.
         def job(i: int, env_id: str, seeds: list[int]):
             return run_task(env_id, agent, seeds, log, args.concurrency, args.quiet, args.num_workers,
-                            args.step_timeout, args.env_backend, position=i)
+                            args.step_timeout, args.env_backend, position=i, make_kwargs=step_caps.get(env_id))
 
         if args.sequential_tasks:
             for i, (env_id, seeds) in enumerate(todo.items()):
@@ -309,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--episodes must be at least 1")
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
+    if args.max_steps is not None and args.max_steps < 1:
+        parser.error("--max-steps must be at least 1")
     if args.num_workers < 0:
         parser.error("--num-workers must be at least 0")
     try:

@@ -232,3 +232,12 @@ def test_report_compares_runs_of_several_agents(tmp_path):
     assert "agent `random`" in md and "agent `oracle`" in md
     with pytest.raises(SystemExit):
         report_main([str(tmp_path / "missing"), "--out", str(tmp_path / "cmp2")])
+
+
+def test_max_steps_caps_episode_length_and_is_recorded(tmp_path):
+    _run(tmp_path, "--agent", "random", "--tasks", "crl/Sokoban-6x6-2-v0", "--episodes", "4", "--max-steps", "3")
+    recs = [json.loads(x) for x in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert all(r["actions"] <= 3 for r in recs) and any(r["truncated"] for r in recs)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tasks"]["crl/Sokoban-6x6-2-v0"]["max_episode_steps"] == 3
+    assert summary["run"]["max_steps"] == 3
