@@ -1,0 +1,584 @@
+"""The experience bank: entries in SQLite (WAL), their vectors in an hnswlib index.
+
+A bank is a folder::
+
+    bank.sqlite        entries, their embeddings and usage stats; a ``meta`` table with the
+                       generation counter and the embedder that wrote the vectors
+    index.json         which index file matches which generation
+    index-<gen>.hnsw   the hnswlib index saved at that generation
+
+SQLite is the source of truth. Every add, update and delete bumps ``generation`` in the same
+transaction, so a write is either wholly there or wholly absent after a crash. The index is
+saved on :meth:`ExperienceBank.save` / :meth:`ExperienceBank.close`; on open it is loaded only
+if its generation equals SQLite's, otherwise it is rebuilt from the stored embeddings. Usage
+stats do not change the vectors and do not bump the generation.
+
+One process opens a bank at a time (an advisory ``flock``); threads may share one bank.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crl_agent.experience.embedder import Embedder, make_embedder
+
+SCHEMA_VERSION = 1
+_COLUMNS = (
+    "id, task, title, content, created, updated, sources, origin, "
+    "retrieve_count, train_count, last_retrieved, last_trained_step"
+)
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries(
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task TEXT NOT NULL,
+    title TEXT NOT NULL,
+    content TEXT NOT NULL,
+    embedding BLOB NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    sources TEXT NOT NULL DEFAULT '[]',
+    origin TEXT,
+    retrieve_count INTEGER NOT NULL DEFAULT 0,
+    train_count INTEGER NOT NULL DEFAULT 0,
+    last_retrieved REAL,
+    last_trained_step INTEGER
+);
+CREATE INDEX IF NOT EXISTS entries_task ON entries(task);
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class BankError(RuntimeError):
+    """The bank cannot be opened or used as asked."""
+
+
+@dataclass
+class ExperienceEntry:
+    """One distilled experience.
+
+    Attributes:
+        id: stable integer id (never reused), also the index label.
+        task: the task or family it belongs to (an env id or family name).
+        title: a short name for the rule.
+        content: the generalisable if-then rule.
+        created, updated: Unix times.
+        sources: ids of the trajectories it was distilled from.
+        origin: id of the extractor call that last wrote it (for the meta-reward).
+        retrieve_count, train_count, last_retrieved, last_trained_step: usage stats.
+    """
+
+    id: int
+    task: str
+    title: str
+    content: str
+    created: float
+    updated: float
+    sources: list[str] = field(default_factory=list)
+    origin: str | None = None
+    retrieve_count: int = 0
+    train_count: int = 0
+    last_retrieved: float | None = None
+    last_trained_step: int | None = None
+
+    @property
+    def text(self) -> str:
+        """What gets embedded."""
+        return f"{self.title}\n{self.content}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _entry(row: tuple) -> ExperienceEntry:
+    return ExperienceEntry(*row[:6], json.loads(row[6]), *row[7:])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ExperienceBank:
+    """Persistent, searchable store of experience entries.
+
+    Args:
+        path: the bank folder (created if missing).
+        embedder: an :class:`~crl_agent.experience.embedder.Embedder` or a spec for
+            :func:`~crl_agent.experience.embedder.make_embedder` (default ``"minilm"``).
+        reembed: if the bank was written with another embedder, re-embed every entry instead
+            of refusing to open.
+        ef_search, m, ef_construction: hnswlib parameters.
+        brute_force_below: searches restricted to at most this many entries (a small task)
+            skip the graph and score every vector exactly.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        embedder: Embedder | str | None = "minilm",
+        *,
+        reembed: bool = False,
+        ef_search: int = 64,
+        m: int = 16,
+        ef_construction: int = 200,
+        brute_force_below: int = 2048,
+    ):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.embedder = make_embedder(embedder)
+        self.dim = self.embedder.dim
+        self.ef_search, self.m, self.ef_construction = ef_search, m, ef_construction
+        self.brute_force_below = brute_force_below
+        self._lock = threading.RLock()
+        self._lockfile = open(self.path / ".lock", "w")  # noqa: SIM115 - held for the bank's lifetime
+        try:
+            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            self._lockfile.close()
+            raise BankError(f"bank {self.path} is open in another process; close it there or use another path") from e
+        self._db = sqlite3.connect(self.path / "bank.sqlite", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._tasks: dict[int, str] = {}
+        self._by_task: dict[str, set[int]] = {}
+        self.rebuilt_index = False
+        self._check_embedder(reembed)
+        for eid, task in self._db.execute("SELECT id, task FROM entries"):
+            self._remember(eid, task)
+        self._saved_generation = -1
+        self._load_or_rebuild_index()
+
+    # ---------------------------------------------------------------- open / save
+    def _meta(self, key: str, default: str | None = None) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def _set_meta(self, key: str, value: Any) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (key, str(value)))
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every add, update and delete."""
+        return int(self._meta("generation", "0"))
+
+    def _bump(self) -> None:
+        self._db.execute(
+            "INSERT INTO meta(key, value) VALUES('generation', '1') "
+            "ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+        )
+
+    def _check_embedder(self, reembed: bool) -> None:
+        stored = self._meta("embedder")
+        mine = json.dumps({"name": self.embedder.name, "dim": self.dim})
+        if stored is None:
+            with self._tx():
+                self._set_meta("embedder", mine)
+                self._set_meta("schema_version", SCHEMA_VERSION)
+            return
+        if stored == mine:
+            return
+        if not reembed:
+            raise BankError(
+                f"bank {self.path} was written with embedder {stored}, not {mine}: open it with that embedder, "
+                "or pass reembed=True to re-embed every entry"
+            )
+        rows = self._db.execute("SELECT id, title, content FROM entries").fetchall()
+        vecs = self.embedder.embed([f"{t}\n{c}" for _, t, c in rows]) if rows else []
+        with self._tx():
+            for (eid, _, _), v in zip(rows, vecs, strict=True):
+                self._db.execute("UPDATE entries SET embedding=? WHERE id=?", (v.tobytes(), eid))
+            self._set_meta("embedder", mine)
+            self._bump()
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    def _new_index(self, capacity: int):
+        import hnswlib
+
+        index = hnswlib.Index(space="cosine", dim=self.dim)
+        index.init_index(max_elements=max(1024, capacity), ef_construction=self.ef_construction, M=self.m)
+        index.set_ef(self.ef_search)
+        return index
+
+    def _load_or_rebuild_index(self) -> None:
+        import hnswlib
+
+        gen = self.generation
+        try:
+            meta = json.loads((self.path / "index.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        index_file = self.path / f"index-{gen}.hnsw"
+        if meta.get("generation") == gen and meta.get("dim") == self.dim and index_file.exists():
+            try:
+                index = hnswlib.Index(space="cosine", dim=self.dim)
+                index.load_index(str(index_file), max_elements=max(1024, 2 * len(self._tasks)))
+                index.set_ef(self.ef_search)
+                if meta.get("count") == len(self._tasks):
+                    self._index = index
+                    self._saved_generation = gen
+                    return
+            except RuntimeError:
+                pass  # a torn or foreign file: rebuild below
+        self._rebuild_index()
+
+    def _rebuild_index(self) -> None:
+        self.rebuilt_index = True
+        self._index = self._new_index(2 * len(self._tasks))
+        cur = self._db.execute("SELECT id, embedding FROM entries")
+        while rows := cur.fetchmany(10_000):
+            ids = np.array([r[0] for r in rows], dtype=np.int64)
+            vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
+            self._index.add_items(vecs, ids)
+
+    def save(self) -> None:
+        """Write the index for the current generation (atomically; a no-op if already saved)."""
+        with self._lock:
+            gen = self.generation
+            if gen == self._saved_generation:
+                return
+            target = self.path / f"index-{gen}.hnsw"
+            tmp = target.with_suffix(".tmp")
+            self._index.save_index(str(tmp))
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+            meta = {"generation": gen, "dim": self.dim, "count": len(self._tasks), "embedder": self.embedder.name}
+            tmp_meta = self.path / "index.json.tmp"
+            with open(tmp_meta, "w") as f:
+                json.dump(meta, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp_meta, self.path / "index.json")
+            _fsync_dir(self.path)
+            for old in self.path.glob("index-*.hnsw"):
+                if old != target:
+                    old.unlink(missing_ok=True)
+            self._saved_generation = gen
+
+    def close(self) -> None:
+        """Save the index and release the bank."""
+        if self._db is None:
+            return
+        with self._lock:
+            self.save()
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._db.close()
+            self._db = None
+            fcntl.flock(self._lockfile, fcntl.LOCK_UN)
+            self._lockfile.close()
+
+    def __enter__(self) -> ExperienceBank:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- writes
+    def _remember(self, eid: int, task: str) -> None:
+        self._tasks[eid] = task
+        self._by_task.setdefault(task, set()).add(eid)
+
+    def _forget(self, eid: int) -> None:
+        task = self._tasks.pop(eid)
+        self._by_task[task].discard(eid)
+        if not self._by_task[task]:
+            del self._by_task[task]
+
+    def _ensure_capacity(self, extra: int) -> None:
+        need = self._index.get_current_count() + extra
+        if need > self._index.get_max_elements():
+            self._index.resize_index(max(need, 2 * self._index.get_max_elements()))
+
+    def add(
+        self, task: str, title: str, content: str, sources: Iterable[str] = (), origin: str | None = None
+    ) -> ExperienceEntry:
+        """Store a new entry and index it."""
+        return self.add_many([(task, title, content, list(sources), origin)])[0]
+
+    def add_many(
+        self,
+        items: Sequence[tuple[str, str, str, list[str], str | None]],
+        embeddings: np.ndarray | None = None,
+    ) -> list[ExperienceEntry]:
+        """Store ``(task, title, content, sources, origin)`` tuples in one transaction.
+
+        ``embeddings`` (unit rows) skips the embedder, e.g. for benchmarks with random vectors.
+        """
+        return self.replace([], items, embeddings)
+
+    def replace(
+        self,
+        delete_ids: Sequence[int],
+        items: Sequence[tuple[str, str, str, list[str], str | None]],
+        embeddings: np.ndarray | None = None,
+    ) -> list[ExperienceEntry]:
+        """Add ``items`` and delete ``delete_ids`` in ONE transaction: after a crash either the
+        replacements and no originals are there, or the originals alone."""
+        if not items and not delete_ids:
+            return []
+        if not items:
+            self.delete(delete_ids)
+            return []
+        for task, title, content, _, _ in items:
+            if not (task and title.strip() and content.strip()):
+                raise ValueError("an entry needs a non-empty task, title and content")
+        vecs = self.embedder.embed([f"{t}\n{c}" for _, t, c, _, _ in items]) if embeddings is None else embeddings
+        vecs = np.ascontiguousarray(vecs, dtype=np.float32)
+        if vecs.shape != (len(items), self.dim):
+            raise ValueError(f"embeddings must have shape {(len(items), self.dim)}, got {vecs.shape}")
+        now = time.time()
+        with self._lock:
+            ids: list[int] = []
+            try:
+                with self._tx():
+                    for (task, title, content, sources, origin), v in zip(items, vecs, strict=True):
+                        cur = self._db.execute(
+                            "INSERT INTO entries(task, title, content, embedding, created, updated, sources, origin) "
+                            "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                            (task, title.strip(), content.strip(), v.tobytes(), now, now, json.dumps(sources), origin),
+                        )
+                        ids.append(int(cur.lastrowid))
+                    doomed = [int(i) for i in delete_ids if int(i) in self._tasks]
+                    self._db.executemany("DELETE FROM entries WHERE id=?", [(i,) for i in doomed])
+                    self._bump()
+                    self._ensure_capacity(len(ids))
+                    self._index.add_items(vecs, np.array(ids, dtype=np.int64))
+            except BaseException:
+                for eid in ids:  # the transaction rolled back: drop whatever reached the index
+                    try:
+                        self._index.mark_deleted(eid)
+                    except RuntimeError:
+                        pass
+                raise
+            for eid in doomed:
+                self._index.mark_deleted(eid)
+                self._forget(eid)
+            for eid, (task, *_rest) in zip(ids, items, strict=True):
+                self._remember(eid, task)
+            return self.get_many(ids)
+
+    def update(
+        self,
+        eid: int,
+        title: str | None = None,
+        content: str | None = None,
+        sources: Iterable[str] = (),
+        origin: str | None = None,
+    ) -> ExperienceEntry:
+        """Rewrite an entry's title and/or content (re-embedded); ``sources`` are appended."""
+        old = self.get(eid)
+        if old is None:
+            raise KeyError(f"no entry {eid} in bank {self.path}")
+        title = (title if title is not None else old.title).strip()
+        content = (content if content is not None else old.content).strip()
+        if not (title and content):
+            raise ValueError("an entry needs a non-empty title and content")
+        vec = self.embedder.embed([f"{title}\n{content}"])[0].astype(np.float32)
+        new_sources = old.sources + [s for s in sources if s not in old.sources]
+        with self._lock:
+            with self._tx():
+                cur = self._db.execute(
+                    "UPDATE entries SET title=?, content=?, embedding=?, updated=?, sources=?, origin=? WHERE id=?",
+                    (title, content, vec.tobytes(), time.time(), json.dumps(new_sources), origin or old.origin, eid),
+                )
+                if cur.rowcount != 1:
+                    raise KeyError(f"entry {eid} was deleted concurrently")
+                self._bump()
+                self._index.add_items(vec[None], np.array([eid], dtype=np.int64))
+        return self.get(eid)  # type: ignore[return-value]
+
+    def delete(self, ids: Iterable[int]) -> int:
+        """Delete entries by id; unknown ids are ignored. Returns how many were deleted."""
+        with self._lock:
+            ids = [int(i) for i in ids if int(i) in self._tasks]
+            if not ids:
+                return 0
+            with self._tx():
+                self._db.executemany("DELETE FROM entries WHERE id=?", [(i,) for i in ids])
+                self._bump()
+            for eid in ids:
+                self._index.mark_deleted(eid)
+                self._forget(eid)
+            return len(ids)
+
+    def record_retrieval(self, ids: Iterable[int], now: float | None = None) -> None:
+        """Usage stats: each id was retrieved once more, at ``now``."""
+        now = time.time() if now is None else now
+        with self._lock, self._tx():
+            self._db.executemany(
+                "UPDATE entries SET retrieve_count = retrieve_count + 1, last_retrieved=? WHERE id=?",
+                [(now, int(i)) for i in ids],
+            )
+
+    def record_training(self, ids: Iterable[int], step: int) -> None:
+        """Usage stats: each id's samples were trained on at ``step``."""
+        with self._lock, self._tx():
+            self._db.executemany(
+                "UPDATE entries SET train_count = train_count + 1, last_trained_step=? WHERE id=?",
+                [(int(step), int(i)) for i in ids],
+            )
+
+    # ---------------------------------------------------------------- reads
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __contains__(self, eid: object) -> bool:
+        return eid in self._tasks
+
+    def tasks(self) -> dict[str, int]:
+        """Entry count per task."""
+        with self._lock:
+            return {t: len(s) for t, s in sorted(self._by_task.items())}
+
+    def ids(self, task: str | None = None) -> list[int]:
+        with self._lock:
+            return sorted(self._tasks if task is None else self._by_task.get(task, ()))
+
+    def get(self, eid: int) -> ExperienceEntry | None:
+        got = self.get_many([eid])
+        return got[0] if got else None
+
+    def get_many(self, ids: Sequence[int]) -> list[ExperienceEntry]:
+        """Entries by id, in the order asked; missing ids are skipped."""
+        if not ids:
+            return []
+        with self._lock:
+            by_id: dict[int, ExperienceEntry] = {}
+            ids = [int(i) for i in ids]
+            for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit
+                chunk = ids[start : start + 900]
+                q = f"SELECT {_COLUMNS} FROM entries WHERE id IN ({','.join('?' * len(chunk))})"
+                by_id.update((r[0], _entry(r)) for r in self._db.execute(q, chunk))
+        return [by_id[i] for i in ids if i in by_id]
+
+    def entries(self, task: str | None = None) -> list[ExperienceEntry]:
+        """All entries (of one task), oldest first."""
+        return self.get_many(self.ids(task))
+
+    def embeddings(self, ids: Sequence[int]) -> np.ndarray:
+        """The stored (unit) vectors of ``ids``, from the index."""
+        with self._lock:
+            if not ids:
+                return np.zeros((0, self.dim), dtype=np.float32)
+            return np.asarray(self._index.get_items(list(ids)), dtype=np.float32)
+
+    def view(self, task: str) -> TaskView:
+        """The entries of one task, with the same read API."""
+        return TaskView(self, task)
+
+    def search(self, query: str, k: int = 8, task: str | None = None) -> list[tuple[ExperienceEntry, float]]:
+        """Nearest entries to ``query`` by cosine similarity, best first: ``[(entry, similarity)]``."""
+        hits = self.search_vectors(self.embedder.embed([query]), k, task)[0]
+        entries = self.get_many([i for i, _ in hits])
+        sims = dict(hits)
+        return [(e, sims[e.id]) for e in entries]
+
+    def search_vectors(self, queries: np.ndarray, k: int, task: str | None = None) -> list[list[tuple[int, float]]]:
+        """Batched nearest-neighbour ids with cosine similarities, one list per query row."""
+        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+        with self._lock:
+            pool = self._tasks.keys() if task is None else self._by_task.get(task, set())
+            k = min(k, len(pool))
+            if k <= 0:
+                return [[] for _ in range(len(queries))]
+            if task is not None and len(pool) <= self.brute_force_below:
+                return self._exact(queries, sorted(pool), k)
+            if k > self._index.ef:
+                self._index.set_ef(k)
+            try:
+                allowed = None if task is None else pool
+                labels, dists = self._index.knn_query(
+                    queries, k=k, num_threads=1, filter=None if allowed is None else allowed.__contains__
+                )
+            except RuntimeError:  # too few reachable nodes (many deletions): score exactly instead
+                return self._exact(queries, sorted(pool), k)
+            finally:
+                self._index.set_ef(self.ef_search)
+        return [[(int(i), float(1 - d)) for i, d in zip(lr, dr, strict=True)] for lr, dr in zip(labels, dists, strict=True)]
+
+    def _exact(self, queries: np.ndarray, ids: list[int], k: int) -> list[list[tuple[int, float]]]:
+        vecs = self.embeddings(ids)
+        qn = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+        sims = qn @ vecs.T
+        out = []
+        for row in sims:
+            top = np.argpartition(-row, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
+            top = top[np.argsort(-row[top], kind="stable")]
+            out.append([(ids[j], float(row[j])) for j in top])
+        return out
+
+    def check_consistency(self) -> list[str]:
+        """Problems between SQLite and the index (empty when they agree): ids and vectors."""
+        problems = []
+        with self._lock:
+            rows = self._db.execute("SELECT id, embedding FROM entries").fetchall()
+            sql_ids = {r[0] for r in rows}
+            if sql_ids != set(self._tasks):
+                problems.append("in-memory id set differs from SQLite")
+            live = set()
+            for label in self._index.get_ids_list():
+                try:
+                    self._index.get_items([label])
+                    live.add(int(label))
+                except RuntimeError:
+                    pass  # marked deleted
+            if live != sql_ids:
+                problems.append(f"index has {len(live - sql_ids)} extra and {len(sql_ids - live)} missing ids")
+            for eid, blob in rows:
+                if eid in live:
+                    stored = np.frombuffer(blob, dtype=np.float32)
+                    if not np.allclose(self._index.get_items([eid])[0], stored / np.linalg.norm(stored), atol=1e-5):
+                        problems.append(f"entry {eid}: index vector differs from SQLite")
+        return problems
+
+    def config(self) -> dict[str, Any]:
+        return {"path": str(self.path), "entries": len(self), **self.embedder.config()}
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any exception."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+class TaskView:
+    """One task's slice of a bank: ``search``, ``entries``, ``ids``, ``len``."""
+
+    def __init__(self, bank: ExperienceBank, task: str):
+        self.bank, self.task = bank, task
+
+    def __len__(self) -> int:
+        return len(self.bank.ids(self.task))
+
+    def ids(self) -> list[int]:
+        return self.bank.ids(self.task)
+
+    def entries(self) -> list[ExperienceEntry]:
+        return self.bank.entries(self.task)
+
+    def search(self, query: str, k: int = 8) -> list[tuple[ExperienceEntry, float]]:
+        return self.bank.search(query, k, task=self.task)

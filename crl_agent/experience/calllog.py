@@ -1,0 +1,162 @@
+"""The extractor call log: JSONL a trainer folds into CISPO samples with meta-rewards.
+
+Three record types, one JSON object per line, appended (a crash loses at most a torn last line,
+which :func:`load_samples` skips):
+
+- ``{"type": "call", "call_id", "kind": "distil"|"merge"|"answer", "messages", "text", "token_ids",
+  "logprobs", "prompt_token_ids", "ops", "errors", "entries", "task", "trajectory", "time"}``:
+  one extractor call, what it wrote and which entries it touched.
+- ``{"type": "outcome", "episode", "outcome": +1|-1, "call_ids", "entries"}``: an episode guided by
+  entries written by those calls (or by an answer call) ended.
+- ``{"type": "trained", "call_ids", "step"}``: a trainer used those samples at ``step``.
+
+Meta-reward of a call = mean outcome (±1) of the episodes it guided; entries retrieved repeatedly
+share their samples. Count-aware weight of a call = mean over the entries it wrote that are still
+in the bank of ``w = 0`` if the entry was trained within ``cooldown`` steps, else
+``(1 + train_count) ** -0.5``; calls with no live entries (answers, merged-away writes) weigh 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crl_agent.experience.bank import ExperienceBank, ExperienceEntry
+
+
+class CallLog:
+    """Thread-safe JSONL appender.
+
+    Args:
+        path: the log file (parents created); ``None`` keeps records in memory only.
+    """
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path = Path(path) if path is not None else None
+        self._lock = threading.Lock()
+        self._file = None
+        self.memory: list[dict[str, Any]] = []
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=str)
+        with self._lock:
+            if self._file is not None:
+                self._file.write(line + "\n")
+                self._file.flush()
+            else:
+                self.memory.append(record)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+                self._file = None
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record written so far (re-read from disk when file-backed)."""
+        if self.path is None:
+            with self._lock:
+                return list(self.memory)
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+        return read_records(self.path)
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Records of a call log; torn or foreign lines are skipped."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "type" in rec:
+                out.append(rec)
+    return out
+
+
+@dataclass
+class ExtractorSample:
+    """One extractor call ready for CISPO.
+
+    Attributes:
+        call_id, kind: which call.
+        messages, prompt_token_ids, token_ids, logprobs: the sampled completion.
+        reward: meta-reward, mean ±1 outcome of guided episodes (``None``: none guided yet).
+        episodes: how many guided episodes the reward averages.
+        weight: count-aware weight.
+        entries: ids of the entries the call wrote (or, for answers, read).
+    """
+
+    call_id: str
+    kind: str
+    messages: list[dict[str, str]]
+    prompt_token_ids: list[int] | None
+    token_ids: list[int]
+    logprobs: list[float]
+    reward: float | None
+    episodes: int
+    weight: float
+    entries: list[int] = field(default_factory=list)
+
+
+def entry_weight(entry: ExperienceEntry, step: int, cooldown: int = 1) -> float:
+    """``0`` if trained within the last ``cooldown`` steps, else ``(1 + train_count) ** -0.5``."""
+    if entry.last_trained_step is not None and step - entry.last_trained_step <= cooldown:
+        return 0.0
+    return (1.0 + entry.train_count) ** -0.5
+
+
+def fold_samples(
+    records: list[dict[str, Any]], bank: ExperienceBank | None = None, step: int = 0, cooldown: int = 1
+) -> list[ExtractorSample]:
+    """Turn call-log records into samples with meta-rewards and weights."""
+    outcomes: dict[str, list[float]] = {}
+    for rec in records:
+        if rec["type"] == "outcome":
+            for cid in set(rec.get("call_ids", ())):
+                outcomes.setdefault(cid, []).append(float(rec["outcome"]))
+    samples = []
+    for rec in records:
+        if rec["type"] != "call":
+            continue
+        got = outcomes.get(rec["call_id"], [])
+        entries = [int(i) for i in rec.get("entries", [])]
+        weight = 1.0
+        if bank is not None and rec["kind"] != "answer":
+            live = [e for e in bank.get_many(entries) if e.origin == rec["call_id"]]
+            if live:
+                weight = sum(entry_weight(e, step, cooldown) for e in live) / len(live)
+        samples.append(
+            ExtractorSample(
+                call_id=rec["call_id"],
+                kind=rec["kind"],
+                messages=rec["messages"],
+                prompt_token_ids=rec.get("prompt_token_ids"),
+                token_ids=rec.get("token_ids", []),
+                logprobs=rec.get("logprobs", []),
+                reward=sum(got) / len(got) if got else None,
+                episodes=len(got),
+                weight=weight,
+                entries=entries,
+            )
+        )
+    return samples
+
+
+def load_samples(
+    path: str | os.PathLike, bank: ExperienceBank | None = None, step: int = 0, cooldown: int = 1
+) -> list[ExtractorSample]:
+    """Read a call-log file and fold it (see :func:`fold_samples`)."""
+    return fold_samples(read_records(path), bank, step, cooldown)

@@ -1,0 +1,497 @@
+"""ExperienceManager: the asyncio service between actors, the bank and the extractor.
+
+- **search**: requests are micro-batched (``batch_size`` 32, ``max_wait_ms`` 5): one embedder
+  call and one index pass per batch, with an LRU cache of query embeddings; results are
+  diversified (:mod:`crl_agent.experience.retrieval`).
+- **distil**: :meth:`ExperienceManager.submit` queues a finished trajectory and returns at once;
+  background workers call the extractor and apply its operations, so an actor never waits.
+- **merge**: every ``merge_every`` distillations, clusters of near-duplicates (cosine above
+  ``merge_threshold``) go to the extractor (MERGE / REWRITE / DISCARD / KEEP); replacements and
+  deletions commit in one transaction, so originals disappear only with a valid replacement.
+- **ask**: search-and-ask; the extractor answers a question from retrieved entries.
+- A read-write lock lets searches run together while bank writes run alone; :meth:`flush`
+  waits for every queued distillation (call it before each rollout step).
+- Every extractor call and every guided episode's outcome go to the JSONL call log
+  (:mod:`crl_agent.experience.calllog`) for the extractor's trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crl_agent.experience import extractor as ex
+from crl_agent.experience.bank import ExperienceBank, ExperienceEntry
+from crl_agent.experience.calllog import CallLog, ExtractorSample, fold_samples
+from crl_agent.experience.retrieval import DiversityConfig, Retriever
+from crl_agent.experience.rwlock import RWLock
+from crl_agent.llm.base import LLM, Completion, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ManagerConfig:
+    """ExperienceManager knobs (defaults from the paper's code where it has them).
+
+    Attributes:
+        k: entries per retrieval.
+        batch_size: most search requests served together.
+        max_wait_ms: longest a request waits for its batch to fill.
+        cache_size: query embeddings kept (LRU).
+        distil_workers: concurrent distillation workers.
+        merge_every: merge after this many distillations (0: never automatically).
+        merge_threshold: cosine similarity above which two entries are near-duplicates.
+        merge_neighbours: neighbours examined per entry when clustering.
+        merge_max_cluster: largest cluster sent to the extractor at once.
+        diversity: retrieval diversification.
+        seed: seed of the dropout-move RNG.
+        distil_params, merge_params, answer_params: extractor sampling per job.
+        max_trajectory_chars: trajectory text budget in the distil prompt.
+    """
+
+    k: int = 4
+    batch_size: int = 32
+    max_wait_ms: float = 5.0
+    cache_size: int = 4096
+    distil_workers: int = 1
+    merge_every: int = 5
+    merge_threshold: float = 0.9
+    merge_neighbours: int = 8
+    merge_max_cluster: int = 5
+    diversity: DiversityConfig = field(default_factory=DiversityConfig)
+    seed: int = 0
+    distil_params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=512, temperature=0.7))
+    merge_params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=384, temperature=0.3))
+    answer_params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=160, temperature=0.3))
+    max_trajectory_chars: int = 8000
+
+
+@dataclass
+class AskResult:
+    """A search-and-ask answer, the entries it drew on, its call id and how long it took."""
+
+    answer: str
+    entries: list[ExperienceEntry]
+    call_id: str | None
+    seconds: float
+
+
+@dataclass
+class _Request:
+    query: str
+    k: int
+    task: str | None
+    future: asyncio.Future
+
+
+class ExperienceManager:
+    """Async front of an :class:`ExperienceBank` and an extractor :class:`LLM`.
+
+    Args:
+        bank: the bank (the caller owns and closes it).
+        extractor: any LLM backend; ``None`` serves searches only (distillations are dropped).
+        config: knobs.
+        log_path: where the call log goes (``None``: kept in memory).
+    """
+
+    def __init__(
+        self,
+        bank: ExperienceBank,
+        extractor: LLM | None,
+        config: ManagerConfig | None = None,
+        log_path: str | Path | None = None,
+    ):
+        self.bank = bank
+        self.extractor = extractor
+        self.config = config or ManagerConfig()
+        self.retriever = Retriever(bank, self.config.diversity, self.config.seed)
+        self.lock = RWLock()
+        self.calls = CallLog(log_path)
+        self._run_tag = uuid.uuid4().hex[:8]
+        self._call_counter = itertools.count()
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._requests: asyncio.Queue[_Request] | None = None
+        self._distil_q: asyncio.Queue[ex.Trajectory] | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._merge_lock: asyncio.Lock | None = None
+        self._merged_at: dict[str, float] = {}
+        self._closed = False
+        self.stats: dict[str, float] = dict.fromkeys(
+            (
+                "searches", "search_batches", "cache_hits", "search_s", "distillations", "adds", "updates", "nones",
+                "malformed", "extractor_errors", "merges", "merge_clusters", "merged_away", "asks", "ask_s",
+            ),
+            0,
+        )
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Start the batcher and the workers on the running loop (idempotent; other calls do it)."""
+        self._ensure_started()
+
+    def _ensure_started(self) -> None:
+        if self._requests is not None:
+            return
+        if self._closed:
+            raise RuntimeError("ExperienceManager is closed")
+        loop = asyncio.get_running_loop()
+        self._requests = asyncio.Queue()
+        self._distil_q = asyncio.Queue()
+        self._merge_lock = asyncio.Lock()
+        self._tasks.append(loop.create_task(self._batch_loop(), name="experience-search"))
+        for i in range(self.config.distil_workers):
+            self._tasks.append(loop.create_task(self._distil_loop(), name=f"experience-distil-{i}"))
+
+    async def aclose(self, flush: bool = True) -> None:
+        """Finish queued distillations (unless ``flush=False``), stop the workers, close the log."""
+        if self._closed:
+            return
+        if flush and self._distil_q is not None:
+            await self.flush()
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.calls.close()
+
+    def _new_call_id(self) -> str:
+        return f"{self._run_tag}-{next(self._call_counter):06d}"
+
+    # ---------------------------------------------------------------- search
+    async def search(self, query: str, k: int | None = None, task: str | None = None) -> list[ExperienceEntry]:
+        """Diversified entries for ``query`` (within ``task`` if given); usage stats are updated."""
+        await self.start()
+        assert self._requests is not None
+        fut = asyncio.get_running_loop().create_future()
+        self._requests.put_nowait(_Request(query, self.config.k if k is None else k, task, fut))
+        return await fut
+
+    async def _batch_loop(self) -> None:
+        assert self._requests is not None
+        loop = asyncio.get_running_loop()
+        size, wait = self.config.batch_size, self.config.max_wait_ms / 1000
+        while True:
+            batch = [await self._requests.get()]
+            deadline = loop.time() + wait
+            while len(batch) < size:
+                while len(batch) < size and not self._requests.empty():
+                    batch.append(self._requests.get_nowait())
+                left = deadline - loop.time()
+                if len(batch) >= size or left <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._requests.get(), left))
+                except asyncio.TimeoutError:
+                    break
+            await self._serve(batch)
+
+    async def _serve(self, batch: list[_Request]) -> None:
+        t0 = time.perf_counter()
+        try:
+            vectors = await self._embed_queries([r.query for r in batch])
+            async with self.lock.read():
+                results = await asyncio.to_thread(self._search_batch, batch, vectors)
+            for r, res in zip(batch, results, strict=True):
+                if not r.future.done():
+                    r.future.set_result(res)
+        except Exception as e:  # noqa: BLE001 - delivered to every waiting caller, the loop lives on
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(e)
+        self.stats["searches"] += len(batch)
+        self.stats["search_batches"] += 1
+        self.stats["search_s"] += time.perf_counter() - t0
+
+    async def _embed_queries(self, queries: list[str]) -> dict[str, np.ndarray]:
+        out, missing = {}, []
+        for q in dict.fromkeys(queries):
+            if q in self._cache:
+                self._cache.move_to_end(q)
+                out[q] = self._cache[q]
+                self.stats["cache_hits"] += 1
+            else:
+                missing.append(q)
+        if missing:
+            vecs = await asyncio.to_thread(self.bank.embedder.embed, missing)
+            for q, v in zip(missing, vecs, strict=True):
+                out[q] = v
+                self._cache[q] = v
+            while len(self._cache) > self.config.cache_size:
+                self._cache.popitem(last=False)
+        return out
+
+    def _search_batch(self, batch: list[_Request], vectors: dict[str, np.ndarray]) -> list[list[ExperienceEntry]]:
+        results: list[list[ExperienceEntry]] = [[] for _ in batch]
+        groups: dict[str | None, list[int]] = {}
+        for i, r in enumerate(batch):
+            groups.setdefault(r.task, []).append(i)
+        now = time.time()
+        for task, idx in groups.items():
+            kmax = max(batch[i].k for i in idx) * self.config.diversity.oversample
+            hits = self.bank.search_vectors(np.stack([vectors[batch[i].query] for i in idx]), kmax, task)
+            for i, h in zip(idx, hits, strict=True):
+                want = batch[i].k * self.config.diversity.oversample
+                results[i] = self.retriever.select(h[:want], batch[i].k, now)
+        return results
+
+    # ---------------------------------------------------------------- search-and-ask
+    async def ask(self, question: str, task: str | None = None, k: int | None = None) -> AskResult:
+        """Answer ``question`` from retrieved entries through the extractor (logged as an ``answer`` call)."""
+        t0 = time.perf_counter()
+        entries = await self.search(question, k, task)
+        answer, call_id = "", None
+        if entries and self.extractor is not None:
+            messages = ex.answer_messages(task or "any", question, entries)
+            try:
+                completion = await self.extractor.chat(messages, self.config.answer_params)
+                answer = ex.parse_answer(completion.text)
+                call_id = self._log_call("answer", messages, completion, [], [], [e.id for e in entries], task)
+            except Exception as e:  # noqa: BLE001 - an extractor failure must not end the episode
+                self.stats["extractor_errors"] += 1
+                log.warning("search-and-ask extractor call failed: %s", e)
+        if not answer:
+            answer = (
+                "Relevant lessons: " + " ".join(f"{e.title}: {e.content}" for e in entries[:2])
+                if entries
+                else "No relevant experience yet."
+            )
+        seconds = time.perf_counter() - t0
+        self.stats["asks"] += 1
+        self.stats["ask_s"] += seconds
+        return AskResult(answer, entries, call_id, seconds)
+
+    # ---------------------------------------------------------------- distillation
+    def submit(self, traj: ex.Trajectory) -> None:
+        """Queue a finished trajectory for distillation; returns at once (call from the loop's thread)."""
+        if self.extractor is None or self._closed:
+            return
+        self._ensure_started()
+        assert self._distil_q is not None
+        self._distil_q.put_nowait(traj)
+
+    @property
+    def pending(self) -> int:
+        """Trajectories queued or being distilled."""
+        return 0 if self._distil_q is None else self._distil_q._unfinished_tasks  # type: ignore[attr-defined]
+
+    async def flush(self) -> None:
+        """Wait until every queued distillation (and the merges it triggers) is applied; save the index."""
+        await self.start()
+        assert self._distil_q is not None
+        await self._distil_q.join()
+        async with self.lock.write():
+            await asyncio.to_thread(self.bank.save)
+
+    async def _distil_loop(self) -> None:
+        assert self._distil_q is not None
+        while True:
+            traj = await self._distil_q.get()
+            try:
+                await self.distil(traj)
+                self.stats["distillations"] += 1
+                every = self.config.merge_every
+                if every and self.stats["distillations"] % every == 0:
+                    await self.merge()
+            except Exception as e:  # noqa: BLE001 - one bad trajectory or call never stops the service
+                self.stats["extractor_errors"] += 1
+                log.warning("distillation of %s failed: %s", traj.id, e)
+            finally:
+                self._distil_q.task_done()
+
+    async def distil(self, traj: ex.Trajectory) -> list[ex.DistilOp]:
+        """Run the extractor on one trajectory and apply its operations; returns the applied ops."""
+        if self.extractor is None:
+            raise RuntimeError("no extractor: pass an LLM to ExperienceManager to distil trajectories")
+        messages = ex.distil_messages(traj, self.config.max_trajectory_chars)
+        completion = await self.extractor.chat(messages, self.config.distil_params)
+        ops, errors = ex.parse_distil(completion.text, {e.id for e in traj.retrieved})
+        call_id = self._new_call_id()
+        async with self.lock.write():
+            applied, touched, apply_errors = await asyncio.to_thread(self._apply_distil, traj, ops, call_id)
+        errors += apply_errors
+        self.stats["malformed"] += len(errors)
+        self._log_call("distil", messages, completion, [op.to_dict() for op in applied], errors, touched,
+                       traj.task, call_id=call_id, trajectory=traj.id)
+        return applied
+
+    def _apply_distil(
+        self, traj: ex.Trajectory, ops: list[ex.DistilOp], call_id: str
+    ) -> tuple[list[ex.DistilOp], list[int], list[str]]:
+        applied, touched, errors = [], [], []
+        for op in ops:
+            if op.kind == "none":
+                self.stats["nones"] += 1
+                applied.append(op)
+                continue
+            assert op.entry is not None
+            try:
+                if op.kind == "add":
+                    e = self.bank.add(traj.task, op.entry.title, op.entry.content, [traj.id], origin=call_id)
+                    self.stats["adds"] += 1
+                else:
+                    alive = [i for i in op.target_ids if i in self.bank]
+                    if not alive:
+                        errors.append(f"update: targets {op.target_ids} no longer exist")
+                        continue
+                    e = self.bank.update(alive[0], op.entry.title, op.entry.content, [traj.id], origin=call_id)
+                    self.bank.delete(alive[1:])  # folded into the first target
+                    self.stats["updates"] += 1
+            except (ValueError, KeyError) as err:
+                errors.append(f"{op.kind}: {err}")
+                continue
+            applied.append(op)
+            touched.append(e.id)
+        return applied, touched, errors
+
+    # ---------------------------------------------------------------- merge
+    def _clusters(self, task: str, since: float) -> list[list[ExperienceEntry]]:
+        entries = self.bank.entries(task)
+        if len(entries) < 2:
+            return []
+        seeds = [e for e in entries if e.updated >= since]
+        if not seeds:
+            return []
+        parent = {e.id: e.id for e in entries}
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        hits = self.bank.search_vectors(self.bank.embeddings([e.id for e in seeds]), self.config.merge_neighbours + 1, task)
+        for e, row in zip(seeds, hits, strict=True):
+            for j, sim in row:
+                if j != e.id and j in parent and sim >= self.config.merge_threshold:
+                    parent[root(j)] = root(e.id)
+        groups: dict[int, list[ExperienceEntry]] = {}
+        for e in entries:
+            groups.setdefault(root(e.id), []).append(e)
+        size = self.config.merge_max_cluster
+        out = []
+        for g in groups.values():
+            for start in range(0, len(g), size):
+                chunk = g[start : start + size]
+                if len(chunk) >= 2:
+                    out.append(chunk)
+        return out
+
+    async def merge(self, task: str | None = None) -> dict[str, int]:
+        """Consolidate near-duplicate entries of ``task`` (or of every task); returns decision counts."""
+        if self.extractor is None:
+            return {}
+        await self.start()
+        assert self._merge_lock is not None
+        counts: dict[str, int] = {}
+        async with self._merge_lock:
+            self.stats["merges"] += 1
+            for t in [task] if task is not None else list(self.bank.tasks()):
+                started = time.time()
+                async with self.lock.read():
+                    clusters = await asyncio.to_thread(self._clusters, t, self._merged_at.get(t, 0.0))
+                for cluster in clusters:
+                    kind = await self._merge_cluster(t, cluster)
+                    counts[kind] = counts.get(kind, 0) + 1
+                self._merged_at[t] = started
+        return counts
+
+    async def _merge_cluster(self, task: str, cluster: list[ExperienceEntry]) -> str:
+        assert self.extractor is not None
+        messages = ex.merge_messages(task, cluster)
+        try:
+            completion = await self.extractor.chat(messages, self.config.merge_params)
+        except Exception as e:  # noqa: BLE001
+            self.stats["extractor_errors"] += 1
+            log.warning("merge extractor call failed: %s", e)
+            return "ERROR"
+        ids = [e.id for e in cluster]
+        decision, errors = ex.parse_merge(completion.text, ids)
+        call_id = self._new_call_id()
+        touched: list[int] = []
+        async with self.lock.write():
+            current = {e.id: e.updated for e in self.bank.get_many(ids)}
+            if current != {e.id: e.updated for e in cluster}:
+                errors.append("cluster changed while the extractor was thinking; left alone")
+                decision = ex.MergeDecision("KEEP")
+            elif decision.kind in ("MERGE", "REWRITE"):
+                sources = sorted({s for e in cluster for s in e.sources})
+                items = [(task, d.title, d.content, sources, call_id) for d in decision.entries]
+                new = await asyncio.to_thread(self.bank.replace, ids, items)
+                touched = [e.id for e in new]
+                self.stats["merged_away"] += len(ids) - len(new)
+            elif decision.kind == "DISCARD":
+                await asyncio.to_thread(self.bank.delete, decision.discard_ids)
+                self.stats["merged_away"] += len(decision.discard_ids)
+        self.stats["merge_clusters"] += 1
+        self.stats["malformed"] += len(errors)
+        self._log_call("merge", messages, completion, [decision.to_dict()], errors, touched, task,
+                       call_id=call_id, cluster=ids)
+        return decision.kind
+
+    # ---------------------------------------------------------------- call log and meta-reward
+    def _log_call(
+        self,
+        kind: str,
+        messages: list[dict[str, str]],
+        completion: Completion,
+        ops: list[dict[str, Any]],
+        errors: list[str],
+        entries: list[int],
+        task: str | None,
+        call_id: str | None = None,
+        **extra: Any,
+    ) -> str:
+        call_id = call_id or self._new_call_id()
+        self.calls.write(
+            {
+                "type": "call", "call_id": call_id, "kind": kind, "time": time.time(), "task": task,
+                "messages": messages, "text": completion.text, "token_ids": completion.token_ids,
+                "logprobs": completion.logprobs, "prompt_token_ids": completion.prompt_token_ids,
+                "model": completion.model, "ops": ops, "errors": errors, "entries": entries, **extra,
+            }
+        )
+        return call_id
+
+    def record_outcome(
+        self, episode: str, entries: list[ExperienceEntry], success: bool, call_ids: list[str] = ()
+    ) -> None:
+        """An episode guided by ``entries`` (and answers from ``call_ids``) ended: credit their calls (±1)."""
+        origins = [e.origin for e in entries if e.origin]
+        credited = list(dict.fromkeys([*origins, *call_ids]))
+        if not credited:
+            return
+        self.calls.write(
+            {
+                "type": "outcome", "episode": episode, "outcome": 1.0 if success else -1.0,
+                "call_ids": credited, "entries": [e.id for e in entries], "time": time.time(),
+            }
+        )
+
+    def training_samples(self, step: int, cooldown: int = 1) -> list[ExtractorSample]:
+        """Extractor calls with meta-rewards and count-aware weights, as of training ``step``."""
+        return fold_samples(self.calls.records(), self.bank, step, cooldown)
+
+    def mark_trained(self, samples: list[ExtractorSample], step: int) -> None:
+        """Record that ``samples`` were trained on at ``step`` (entry ``train_count``/``last_trained_step``)."""
+        ids = sorted({i for s in samples if s.kind != "answer" for i in s.entries if i in self.bank})
+        self.bank.record_training(ids, step)
+        self.calls.write({"type": "trained", "call_ids": [s.call_id for s in samples], "step": step})
+
+    def config_dict(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "k": c.k, "batch_size": c.batch_size, "max_wait_ms": c.max_wait_ms, "merge_every": c.merge_every,
+            "merge_threshold": c.merge_threshold, "diversity": c.diversity.__dict__, "bank": self.bank.config(),
+            "extractor": self.extractor.config() if self.extractor is not None else None,
+        }
