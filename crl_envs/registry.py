@@ -80,7 +80,10 @@ def register_builtin_envs() -> None:
     # ---------------------------------------------------------------- ALFWorld
     # (ALFWorld ids go here)
     # ---------------------------------------------------------------- WebShop
-    # (WebShop ids go here)
+    # 15 steps per episode as the ReAct/AgentBench WebShop evaluations. The default split is
+    # the official test split (goals 0-499; reset seed i serves goal i); split="train" for RL.
+    _register("crl/WebShop-v0", "crl_envs.webshop.env:WebShopEnv", 15, source="generated", split="test")
+    _register("crl/WebShop-Official-v0", "crl_envs.webshop.env:WebShopEnv", 15, source="official", split="test")
     # ---------------------------------------------------------------- SWE-bench
     # (SWE ids go here)
 
