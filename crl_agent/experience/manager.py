@@ -219,9 +219,9 @@ class ExperienceManager:
             if q in self._cache:
                 self._cache.move_to_end(q)
                 out[q] = self._cache[q]
-                self.stats["cache_hits"] += 1
             else:
                 missing.append(q)
+        self.stats["cache_hits"] += len(queries) - len(missing)  # repeats within a batch count too
         if missing:
             vecs = await asyncio.to_thread(self.bank.embedder.embed, missing)
             for q, v in zip(missing, vecs, strict=True):

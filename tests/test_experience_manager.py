@@ -1,0 +1,309 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import pytest
+
+pytest.importorskip("hnswlib", reason="the experience bank needs the agent extra")
+
+from crl_agent.experience import ExperienceBank, ExperienceManager, ManagerConfig, Trajectory  # noqa: E402
+from crl_agent.experience.calllog import load_samples  # noqa: E402
+from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams  # noqa: E402
+
+TASK = "crl/Sokoban-6x6-2-v0"
+
+
+class ScriptedLLM(LLM):
+    """Canned completions: a list (consumed in order, the last one repeats) or a function of the chat."""
+
+    name = "scripted"
+
+    def __init__(self, replies: list[str] | Callable[[list[Message]], str], delay: float = 0.0):
+        self.replies, self.delay = replies, delay
+        self.calls: list[list[Message]] = []
+
+    async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
+        self.calls.append(messages)
+        await asyncio.sleep(self.delay)
+        if callable(self.replies):
+            text = self.replies(messages)
+        else:
+            text = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        if isinstance(text, Exception):
+            raise text
+        n = len(text.split())
+        return Completion(text=text, token_ids=list(range(n)), logprobs=[-0.5] * n, prompt_token_ids=[1, 2, 3],
+                          prompt_tokens=3, model="scripted")
+
+
+def ops(*items: dict) -> str:
+    return json.dumps({"operations": list(items)})
+
+
+def add(title: str, content: str) -> dict:
+    return {"op": "add", "title": title, "content": content}
+
+
+def traj(i: int = 0, success: bool = True, retrieved=(), task: str = TASK) -> Trajectory:
+    return Trajectory(id=f"{task}#{i}", task=task, goal="push every box onto a goal",
+                      steps=[("a room", "left"), ("a box", "up")], success=success, progress=float(success),
+                      retrieved=list(retrieved))
+
+
+@pytest.fixture
+def bank(tmp_path):
+    b = ExperienceBank(tmp_path / "bank", embedder="hash")
+    yield b
+    b.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_submit_returns_at_once_and_flush_applies_the_distillation(bank, tmp_path):
+    llm = ScriptedLLM([ops(add("Corners", "If a box is in a corner, then restart the level."))], delay=0.3)
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0), log_path=tmp_path / "calls.jsonl")
+        t0 = time.perf_counter()
+        m.submit(traj(0))
+        assert time.perf_counter() - t0 < 0.05 and len(bank) == 0
+        await m.flush()
+        assert len(bank) == 1 and m.pending == 0
+        await m.aclose()
+
+    run(main())
+    (entry,) = bank.entries()
+    assert entry.title == "Corners" and entry.sources == [f"{TASK}#0"] and entry.task == TASK
+    (rec,) = [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert rec["kind"] == "distil" and rec["entries"] == [entry.id] and entry.origin == rec["call_id"]
+    assert rec["token_ids"] and len(rec["logprobs"]) == len(rec["token_ids"]) and rec["prompt_token_ids"] == [1, 2, 3]
+    assert rec["messages"][-1]["content"].startswith("Task: " + TASK) and rec["ops"][0]["op"] == "add"
+
+
+def test_malformed_extractor_output_is_counted_and_never_touches_the_bank(bank):
+    replies = ["no json at all", ops({"op": "explode"}), ops({"op": "update", "target_ids": [77], "title": "t",
+               "content": "c"}), LLMError("server down"), "{\"operations\": [{\"op\": \"add\", \"title\": \"\"}]}"]
+    llm = ScriptedLLM(replies)
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0))
+        for i in range(5):
+            m.submit(traj(i))
+        await m.flush()
+        assert m.stats["malformed"] == 4 and m.stats["extractor_errors"] == 1
+        # the service still works afterwards
+        llm.replies = [ops(add("Walls", "If a box is on a wall, then keep it off the wall."))]
+        m.submit(traj(9))
+        await m.flush()
+        await m.aclose()
+
+    run(main())
+    assert [e.title for e in bank.entries()] == ["Walls"] and bank.check_consistency() == []
+
+
+def test_update_rewrites_the_first_target_and_folds_the_others_into_it(bank):
+    a = bank.add(TASK, "A", "If a, then b.")
+    b = bank.add(TASK, "B", "If b, then c.")
+    keep = bank.add(TASK, "C", "If c, then d.")
+    llm = ScriptedLLM([ops({"op": "update", "target_ids": [a.id, b.id], "title": "AB", "content": "If a or b, then c."},
+                           {"op": "none"})])
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0))
+        applied = await m.distil(traj(0, retrieved=[a, b]))
+        assert [o.kind for o in applied] == ["update", "none"]
+        await m.aclose()
+
+    run(main())
+    assert bank.ids(TASK) == [a.id, keep.id] and bank.get(a.id).title == "AB" and bank.get(a.id).sources == [f"{TASK}#0"]
+
+
+def test_searches_are_micro_batched_and_query_embeddings_cached(bank):
+    for i in range(30):
+        bank.add(TASK, f"rule {i}", f"If box {i} is near wall {i % 5}, then push it {('left', 'up')[i % 2]}.")
+
+    async def main():
+        m = ExperienceManager(bank, None, ManagerConfig(k=3, batch_size=32, max_wait_ms=20))
+        results = await asyncio.gather(*(m.search(f"box {i % 10} wall", task=TASK) for i in range(64)))
+        assert all(len(r) == 3 and len({e.id for e in r}) == 3 for r in results)
+        assert m.stats["search_batches"] <= 4 and m.stats["searches"] == 64
+        assert m.stats["cache_hits"] >= 44  # 10 distinct queries, repeated
+        unbatched = ExperienceManager(bank, None, ManagerConfig(k=3, batch_size=1))
+        await asyncio.gather(*(unbatched.search(f"box {i} wall") for i in range(8)))
+        assert unbatched.stats["search_batches"] == 8
+        await m.aclose()
+        await unbatched.aclose()
+
+    run(main())
+    assert sum(e.retrieve_count for e in bank.entries()) == 64 * 3 + 8 * 3
+
+
+def test_merge_replaces_near_duplicates_only_with_a_valid_entry(bank):
+    dup = "If a box is pushed into a corner, then the level is lost."
+    a, b = bank.add(TASK, "Corners", dup), bank.add(TASK, "Corner rule", dup)
+    other = bank.add(TASK, "Keys", "If the door is locked, then fetch the key.")
+    replies = ["garbage", json.dumps({"op": "MERGE", "title": "Corners", "content": "If a box is in a corner, then restart."})]
+    llm = ScriptedLLM(replies)
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0, merge_threshold=0.9))
+        assert await m.merge(TASK) == {"KEEP": 1}  # unusable answer: cluster left alone
+        assert set(bank.ids(TASK)) == {a.id, b.id, other.id}
+        bank.update(a.id, content=dup)  # touch it so the next merge pass looks again
+        assert await m.merge(TASK) == {"MERGE": 1}
+        await m.aclose()
+        return m
+
+    m = run(main())
+    titles = sorted(e.title for e in bank.entries(TASK))
+    assert titles == ["Corners", "Keys"] and a.id not in bank and b.id not in bank
+    (merged,) = [e for e in bank.entries(TASK) if e.title == "Corners"]
+    assert merged.origin and merged.content == "If a box is in a corner, then restart."
+    assert m.stats["merged_away"] == 1 and bank.check_consistency() == []
+    assert f"#{a.id}" in llm.calls[-1][-1]["content"] and f"#{other.id}" not in llm.calls[-1][-1]["content"]
+
+
+@pytest.mark.parametrize(
+    "reply, survivors",
+    [
+        (json.dumps({"op": "DISCARD", "target_ids": ["B"]}), 2),  # bad id: left alone
+        ("DISCARD_B", 1),
+        (json.dumps({"op": "REWRITE", "entries": [{"title": "X", "content": "If x, then y."},
+                                                   {"title": "Y", "content": "If y, then z."}]}), 2),
+    ],
+)
+def test_discard_and_rewrite_decisions(bank, reply, survivors):
+    dup = "If a box touches a wall, then never push it along the wall."
+    a, b = bank.add(TASK, "Walls", dup), bank.add(TASK, "Walls again", dup)
+    if reply == "DISCARD_B":
+        reply = json.dumps({"op": "DISCARD", "target_ids": [b.id]})
+    m = ExperienceManager(bank, ScriptedLLM([reply]), ManagerConfig(merge_every=0))
+    run(m.merge())
+    assert len(bank) == survivors and bank.check_consistency() == []
+    if survivors == 1:
+        assert bank.ids() == [a.id]
+
+
+def test_merges_run_every_n_distillations(bank):
+    rule = add("Corners", "If a box is pushed into a corner, then the level is lost.")
+
+    def reply(messages):
+        if "Similar entries" in messages[-1]["content"]:
+            return json.dumps({"op": "MERGE", "title": "Corners", "content": rule["content"]})
+        return ops(rule)
+
+    async def main():
+        m = ExperienceManager(bank, ScriptedLLM(reply), ManagerConfig(merge_every=3))
+        for i in range(3):
+            m.submit(traj(i))
+        await m.flush()
+        await m.aclose()
+        return m
+
+    m = run(main())
+    assert m.stats["merges"] == 1 and m.stats["distillations"] == 3 and len(bank) == 1
+
+
+def test_meta_reward_is_the_mean_outcome_of_guided_episodes_and_weights_count(bank, tmp_path):
+    llm = ScriptedLLM([ops(add("Corners", "If a box is in a corner, then restart.")),
+                       ops(add("Keys", "If the door is locked, then fetch the key."))])
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0), log_path=tmp_path / "calls.jsonl")
+        m.submit(traj(0))
+        m.submit(traj(1))
+        await m.flush()
+        corners, keys = sorted(bank.entries(), key=lambda e: e.title)
+        m.record_outcome("ep1", [corners], True)
+        m.record_outcome("ep2", [corners, keys], False)
+        m.record_outcome("ep3", [corners], True)
+        ans = await m.ask("what about corners?", task=TASK)
+        m.record_outcome("ep3", [], True, call_ids=[ans.call_id])
+        samples = {s.call_id: s for s in m.training_samples(step=5)}
+        assert samples[corners.origin].reward == pytest.approx(1 / 3) and samples[corners.origin].episodes == 3
+        assert samples[keys.origin].reward == -1.0
+        assert samples[ans.call_id].kind == "answer" and samples[ans.call_id].reward == 1.0
+        assert samples[corners.origin].weight == 1.0  # never trained: (1 + 0) ** -0.5
+        m.mark_trained([samples[corners.origin]], step=5)
+        after = {s.call_id: s for s in m.training_samples(step=6, cooldown=1)}
+        assert after[corners.origin].weight == 0.0  # trained within the cooldown
+        later = {s.call_id: s for s in m.training_samples(step=8, cooldown=1)}
+        assert later[corners.origin].weight == pytest.approx(2 ** -0.5)
+        await m.aclose()
+        return corners
+
+    corners = run(main())
+    from_file = {s.call_id: s for s in load_samples(tmp_path / "calls.jsonl", bank, step=8)}
+    assert from_file[corners.origin].reward == pytest.approx(1 / 3)
+    assert from_file[corners.origin].token_ids and from_file[corners.origin].messages[0]["role"] == "system"
+
+
+def test_ask_answers_through_the_extractor_and_falls_back_without_entries(bank):
+    llm = ScriptedLLM(["<think>corners are bad</think>Avoid pushing boxes into corners."])
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0))
+        empty = await m.ask("how do I win?", task=TASK)
+        assert empty.answer == "No relevant experience yet." and empty.call_id is None and llm.calls == []
+        bank.add(TASK, "Corners", "If a box is in a corner, then restart.")
+        res = await m.ask("corner?", task=TASK)
+        assert res.answer == "Avoid pushing boxes into corners." and res.entries and res.call_id
+        assert "Question: corner?" in llm.calls[-1][-1]["content"]
+        await m.aclose()
+
+    run(main())
+
+
+def test_100_concurrent_searches_during_merges_and_updates_stay_consistent(bank):
+    words = ["box", "wall", "corner", "goal", "key", "door", "left", "right"]
+    for i in range(40):
+        bank.add(TASK, f"rule {i}", f"If {words[i % 8]} and {words[(i * 3) % 8]}, then move {words[(i * 5) % 8]}.")
+
+    def reply(messages):
+        content = messages[-1]["content"]
+        if "Similar entries" in content:
+            return json.dumps({"op": "MERGE", "title": "merged", "content": "If box and wall, then move left."})
+        return ops(add("new", f"If {len(content) % 97} boxes, then push goal."),
+                   add("dup", "If box and box, then move box."))
+
+    async def main():
+        m = ExperienceManager(bank, ScriptedLLM(reply, delay=0.002),
+                              ManagerConfig(k=4, merge_every=2, merge_threshold=0.8, batch_size=8, max_wait_ms=1))
+        for i in range(10):
+            m.submit(traj(i))
+
+        async def searcher(i):
+            await asyncio.sleep(0.001 * (i % 10))
+            return await m.search(f"{words[i % 8]} {words[(i + 1) % 8]}", task=TASK)
+
+        results = await asyncio.gather(*(searcher(i) for i in range(100)), m.merge(TASK))
+        await m.flush()
+        await m.aclose()
+        return results[:100], m
+
+    results, m = run(main())
+    assert all(len(r) == 4 and len({e.id for e in r}) == 4 for r in results)
+    assert all(e.task == TASK and e.title and e.content for r in results for e in r)
+    assert m.stats["distillations"] == 10 and m.stats["merges"] >= 5 and m.stats["merged_away"] > 0
+    assert bank.check_consistency() == []
+
+
+def test_search_errors_reach_the_caller_and_the_service_survives(bank):
+    bank.add(TASK, "A", "If a, then b.")
+
+    async def main():
+        m = ExperienceManager(bank, None)
+        real = bank.embedder.embed
+        bank.embedder.embed = lambda texts: (_ for _ in ()).throw(RuntimeError("embedder crashed"))
+        with pytest.raises(RuntimeError, match="embedder crashed"):
+            await m.search("x")
+        bank.embedder.embed = real
+        assert [e.title for e in await m.search("a b")] == ["A"]
+        await m.aclose()
+
+    run(main())
