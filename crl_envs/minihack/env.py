@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from crl_envs.core import InvalidAction, StepOutcome, TextEnv
+from crl_envs.minihack.render import Renderer, in_more_prompt, map_box, text_of
 from crl_envs.minihack.solver import MiniHackPlanner
 
 _OBS_KEYS = ("chars", "blstats", "message", "screen_descriptions", "inv_strs", "inv_letters", "tty_chars")
@@ -22,10 +23,6 @@ _GOAL = {
     "MazeWalk": "Find your way through the maze to the staircase down (>).",
     "KeyRoom": "Pick up the key, unlock the door with it, and reach the staircase down (>).",
 }
-
-
-def _text(arr: np.ndarray) -> str:
-    return bytes(arr).split(b"\x00", 1)[0].decode("latin-1").strip()
 
 
 class MiniHackTextEnv(TextEnv):
@@ -94,12 +91,16 @@ class MiniHackTextEnv(TextEnv):
             max_episode_steps=10**7,  # our TimeLimit governs, so the limit is a truncation
             disable_env_checker=True,
         )
+        self._step = self._nle.unwrapped.step  # the wrappers' TimeLimit of 10**7 never fires
         self._index = {int(a): i for i, a in enumerate(actions)}
         self._named: dict[str, int] = {}
         for a in base:
             name = _NAMES.get(a.name, a.name.lower().replace("_", " "))
             self._named[name] = int(a)
         self._goal = next((g for k, g in _GOAL.items() if f"-{k}" in task), "Reach the staircase down (>).")
+        self._actions = tuple(self._named)
+        self._actions_in_prompt = (*self._actions, "escape")
+        self._renderer = Renderer(self._goal, show_inventory="KeyRoom" in task)
         self._obs: dict[str, np.ndarray] = {}
         self._prompt = ""
         self._planner = MiniHackPlanner()
@@ -115,17 +116,16 @@ class MiniHackTextEnv(TextEnv):
         return self._render(), {"task": self._goal}
 
     def _key(self, key: int) -> tuple[float, bool, dict]:
-        self._obs, reward, term, trunc, info = self._nle.step(self._index[key])
+        self._obs, reward, term, trunc, info = self._step(self._index[key])
         return float(reward), bool(term), info
 
     def _continue_more(self) -> tuple[bool, dict]:
         term, info = False, {}
         for _ in range(10):  # "--More--" never stalls an episode
-            tty = b"".join(bytes(r) for r in self._obs["tty_chars"][:3])
-            if b"--More--" not in tty or term:
+            if term or not in_more_prompt(self._obs["tty_chars"]):
                 break
             _, term, info = self._key(_RETURN)
-        msg = _text(self._obs["message"])
+        msg = text_of(self._obs["message"])
         self._prompt = msg if (msg.endswith("?") or msg.endswith("]") or "[yn" in msg) else ""
         return term, info
 
@@ -153,7 +153,7 @@ class MiniHackTextEnv(TextEnv):
         return StepOutcome(self._render(), 1.0 if success else 0.0, term, success, 1.0 if success else 0.0)
 
     def _admissible_actions(self) -> list[str]:
-        return list(self._named) + (["escape"] if self._prompt else [])
+        return list(self._actions_in_prompt if self._prompt else self._actions)
 
     def oracle_action(self) -> str:
         return self._planner.act(self._obs, self._prompt)
@@ -161,49 +161,11 @@ class MiniHackTextEnv(TextEnv):
     # ------------------------------------------------------------ rendering
     def map_lines(self) -> tuple[list[str], int, int]:
         """The dungeon map trimmed to its bounding box, with the box's top-left (row, col)."""
-        chars = self._obs["chars"]
-        rows = np.nonzero((chars != 32).any(axis=1))[0]
-        cols = np.nonzero((chars != 32).any(axis=0))[0]
-        if len(rows) == 0:
-            return [], 0, 0
-        r0, r1, c0, c1 = rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
-        return [bytes(r).decode("latin-1") for r in chars[r0:r1, c0:c1]], int(r0), int(c0)
-
-    def _legend(self) -> str:
-        """One NetHack screen description per distinct symbol on the map (vectorised)."""
-        chars = self._obs["chars"]
-        uniq, first = np.unique(chars.ravel(), return_index=True)
-        keep = uniq != 32
-        descs = self._obs["screen_descriptions"].reshape(chars.size, -1)
-        parts = []
-        for ch, i in zip(uniq[keep], first[keep], strict=True):
-            d = _text(descs[i])
-            parts.append(f"{chr(ch)} {d}" if d else chr(ch))
-        return "; ".join(parts)
+        return map_box(self._obs["chars"])
 
     def _render(self) -> str:
-        lines, r0, c0 = self.map_lines()
-        bl = self._obs["blstats"]
-        x, y, hp, max_hp = int(bl[0]), int(bl[1]), int(bl[10]), int(bl[11])
-        tty = self._obs["tty_chars"]
-        status = "\n".join(bytes(r).decode("latin-1").rstrip() for r in tty[22:24])
-        out = [
-            f"Goal: {self._goal}",
-            f"Message: {_text(self._obs['message']) or '(none)'}",
-            "Map:",
-            *lines,
-            status,
-            f"You (@) are at row {y - r0}, column {x - c0} of the map. HP {hp}/{max_hp}.",
-            f"Legend: {self._legend()}",
-        ]
-        if "KeyRoom" in self.task:
-            strs = self._obs["inv_strs"]
-            inv = [_text(strs[i]) for i in np.flatnonzero(strs[:, 0])]
-            out.append("Inventory: " + ("; ".join(inv) if inv else "(empty)"))
-        if self._prompt:
-            out.append(f"NetHack asks: {self._prompt} (answer with a letter, a direction, or escape)")
-        out.append("Actions: " + ", ".join(self._admissible_actions()))
-        return "\n".join(out)
+        actions = self._actions_in_prompt if self._prompt else self._actions
+        return self._renderer.render(self._obs, self._prompt, actions)
 
     def close(self) -> None:
         if getattr(self, "_nle", None) is not None:

@@ -1,0 +1,148 @@
+"""Text rendering of NetHack observations: map, status lines, position, legend, inventory.
+
+NLE hands back views into buffers it reuses every step, so nothing here keeps a reference
+to an array: everything is read out as bytes (``ndarray.tobytes``, one C copy) and sliced
+in Python, which is much cheaper than numpy calls on arrays this small. Only the cells of
+the trimmed map are scanned for the legend, and decoded descriptions and inventories are
+cached by their raw bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+MORE = b"--More--"
+_LEGEND_CACHE_MAX = 4096
+_KEEP_CONTROL = bytes.maketrans(b"\t\n\r\x0b\x0c", b"?????")
+
+
+def text_of(arr: np.ndarray) -> str:
+    """A NUL-terminated NetHack byte string (``message``, one ``inv_strs`` row) as text."""
+    return arr.tobytes().split(b"\x00", 1)[0].decode("latin-1").strip()
+
+
+def _span(cells: bytes, stride: int) -> tuple[int, int]:
+    """``[first, last + 1)`` over the ``stride``-long runs of ``cells`` that hold a non-space byte.
+
+    ``cells`` must have passed :func:`_no_control`, so that the fast argument-free
+    ``strip()`` strips spaces only; an all-blank ``cells`` gives ``(len // stride, 0)``.
+    """
+    head = len(cells) - len(cells.lstrip())
+    return head // stride, (len(cells.rstrip()) - 1) // stride + 1
+
+
+def _no_control(cells: bytes) -> bytes:
+    """``cells`` with ASCII whitespace other than space (never seen on a NetHack map) made non-blank."""
+    if b"\t" in cells or b"\n" in cells or b"\r" in cells or b"\x0b" in cells or b"\x0c" in cells:
+        return cells.translate(_KEEP_CONTROL)
+    return cells
+
+
+def map_box(chars: np.ndarray) -> tuple[list[str], int, int]:
+    """The dungeon map trimmed to the bounding box of its non-blank (non-space) cells.
+
+    Rows and columns are found with C-level byte strips over the map and its transpose,
+    with no Python loop over cells or rows.
+
+    Args:
+        chars: NLE's ``chars`` observation, shape ``(21, 79)``.
+
+    Returns:
+        The box's rows as text, and the box's top-left ``(row, col)`` on the screen
+        (``([], 0, 0)`` when the map is blank).
+    """
+    h, w = chars.shape
+    raw = chars.tobytes()
+    r0, r1 = _span(_no_control(raw), w)
+    if r1 <= r0:
+        return [], 0, 0
+    c0, c1 = _span(_no_control(chars.T.tobytes()), h)
+    text = raw[r0 * w:r1 * w].decode("latin-1")
+    return [text[i:i + c1 - c0] for i in range(c0, (r1 - r0) * w, w)], r0, c0
+
+
+def in_more_prompt(tty_chars: np.ndarray) -> bool:
+    """Whether NetHack shows "--More--" in the message area (the top three tty rows)."""
+    return MORE in tty_chars[:3].tobytes()
+
+
+class Renderer:
+    """Renders one env's observations; holds caches that are valid across episodes.
+
+    Args:
+        goal: the goal text shown on the first line.
+        show_inventory: whether to render the inventory (KeyRoom tasks).
+    """
+
+    def __init__(self, goal: str, show_inventory: bool):
+        self.goal = goal
+        self.show_inventory = show_inventory
+        self._descs: dict[bytes, str] = {}
+        self._inv_key = b""
+        self._inv_text = "(empty)"
+
+    def legend(self, obs: dict[str, np.ndarray], lines: list[str], r0: int, c0: int) -> str:
+        """One NetHack screen description per distinct symbol on the map.
+
+        Symbols are sorted by code; each is described by its first cell in reading order,
+        which lies inside the trimmed box because every non-blank cell does.
+        """
+        if not lines:
+            return ""
+        width = len(lines[0])
+        flat = "".join(lines)
+        descs = obs["screen_descriptions"]
+        parts = []
+        for ch in sorted(set(flat) - {" "}):
+            i = flat.index(ch)
+            raw = descs[r0 + i // width, c0 + i % width].tobytes()
+            d = self._descs.get(raw)
+            if d is None:
+                d = raw.split(b"\x00", 1)[0].decode("latin-1").strip()
+                if len(self._descs) < _LEGEND_CACHE_MAX:
+                    self._descs[raw] = d
+            parts.append(f"{ch} {d}" if d else ch)
+        return "; ".join(parts)
+
+    def inventory(self, obs: dict[str, np.ndarray]) -> str:
+        """The inventory lines joined by "; ", or "(empty)"."""
+        strs = obs["inv_strs"]
+        key = strs.tobytes()
+        if key != self._inv_key:
+            items = [text_of(strs[i]) for i in np.flatnonzero(strs[:, 0])]
+            self._inv_key, self._inv_text = key, "; ".join(items) if items else "(empty)"
+        return self._inv_text
+
+    def render(self, obs: dict[str, np.ndarray], prompt: str, actions: Sequence[str]) -> str:
+        """The full text observation.
+
+        Args:
+            obs: NLE's observation dict (``chars``, ``blstats``, ``message``,
+                ``screen_descriptions``, ``tty_chars``, and ``inv_strs`` for the inventory).
+            prompt: NetHack's pending question, or "".
+            actions: the admissible actions to list.
+        """
+        lines, r0, c0 = map_box(obs["chars"])
+        bl = obs["blstats"]
+        x, y, hp, max_hp = int(bl[0]), int(bl[1]), int(bl[10]), int(bl[11])
+        tty = obs["tty_chars"]
+        w = tty.shape[1]
+        bottom = tty[22:24].tobytes().decode("latin-1")
+        status = f"{bottom[:w].rstrip()}\n{bottom[w:].rstrip()}"
+        out = [
+            f"Goal: {self.goal}",
+            f"Message: {text_of(obs['message']) or '(none)'}",
+            "Map:",
+            *lines,
+            status,
+            f"You (@) are at row {y - r0}, column {x - c0} of the map. HP {hp}/{max_hp}.",
+            f"Legend: {self.legend(obs, lines, r0, c0)}",
+        ]
+        if self.show_inventory:
+            out.append("Inventory: " + self.inventory(obs))
+        if prompt:
+            out.append(f"NetHack asks: {prompt} (answer with a letter, a direction, or escape)")
+        out.append("Actions: " + ", ".join(actions))
+        return "\n".join(out)
