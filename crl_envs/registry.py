@@ -85,7 +85,10 @@ def register_builtin_envs() -> None:
     _register("crl/WebShop-v0", "crl_envs.webshop.env:WebShopEnv", 15, source="generated", split="test")
     _register("crl/WebShop-Official-v0", "crl_envs.webshop.env:WebShopEnv", 15, source="official", split="test")
     # ---------------------------------------------------------------- SWE-bench
-    # (SWE ids go here)
+    # SWE-Mini: the bundled offline set (seed picks the instance); SWE-Bench: real instances from
+    # instances=PATH or $SWE_INSTANCES. Sandbox: bwrap by default (see crl_envs/swe/sandbox.py).
+    _register("crl/SWE-Mini-v0", "crl_envs.swe.env:SWEEnv", 30, bundled=True, max_steps=30)
+    _register("crl/SWE-Bench-v0", "crl_envs.swe.env:SWEEnv", 100, max_steps=100)
 
 
 def load_plugins() -> list[str]:

@@ -1,0 +1,435 @@
+"""Sandboxes that run an agent's shell commands: ``bwrap`` (default), ``docker`` and ``local``.
+
+Every backend runs one subprocess per command with a wall-clock timeout, rlimits on CPU
+seconds, address space, file size and processes, and output truncated with a marker.
+
+* ``bwrap`` (bubblewrap, ``apt-get install bubblewrap``): a fresh, read-only root built from
+  the host's ``/usr``, ``/etc`` and the Python prefixes (nothing else of the host: no
+  ``$HOME``, no project checkout), a private tmpfs ``/tmp``, the workspace bound read-write at
+  ``/workspace``, no network (``--unshare-net``), its own PID namespace (every process of a
+  command dies with it: ``--unshare-pid``, ``--die-with-parent``) and, when we are root, a real
+  drop to uid/gid 65534 (``setpriv``) after the mounts are made.
+* ``docker``: the SWE-bench harness image of an instance (see :mod:`crl_envs.swe.docker`).
+* ``local``: rlimits and a process group only. No isolation at all; opt-in, with a loud warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+SANDBOX_UID = 65534
+WORKDIR = "/workspace"
+_SIGNAL_HINTS = {
+    "SIGXCPU": "CPU time limit reached",
+    "SIGXFSZ": "file size limit reached",
+    "SIGKILL": "killed",
+    "SIGSEGV": "segmentation fault (often the memory limit)",
+}
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested sandbox backend cannot run here; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits applied to every command.
+
+    Attributes:
+        timeout_s: wall-clock seconds per command.
+        cpu_s: CPU seconds per process (``RLIMIT_CPU``).
+        memory_mb: address space per process in MiB (``RLIMIT_AS``).
+        file_size_mb: largest file a process may write, MiB (``RLIMIT_FSIZE``).
+        nproc: processes of the sandbox uid (``RLIMIT_NPROC``; per uid, so shared by concurrent sandboxes).
+        tmp_mb: size of the private ``/tmp`` tmpfs (bwrap).
+        output_bytes: bytes of output kept (head and tail) in a command's result.
+    """
+
+    timeout_s: float = 60.0
+    cpu_s: int = 120
+    memory_mb: int = 4096
+    file_size_mb: int = 256
+    nproc: int = 256
+    tmp_mb: int = 256
+    output_bytes: int = 16384
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did."""
+
+    output: str
+    exit_code: int | None
+    timed_out: bool = False
+    output_truncated: bool = False
+    duration_s: float = 0.0
+    error: str = ""
+
+    def status_line(self, timeout_s: float | None = None) -> str:
+        """A one-line summary such as ``[exit code 0]`` or ``[killed: wall-clock timeout ...]``."""
+        if self.error:
+            return f"[error: {self.error}]"
+        if self.timed_out:
+            limit = f" of {timeout_s:g} s" if timeout_s else ""
+            return f"[killed: wall-clock timeout{limit}; the command and all its processes were stopped]"
+        code = self.exit_code
+        if code is not None and code < 0:
+            code = 128 - code
+        if code is not None and code > 128:
+            try:
+                name = signal.Signals(code - 128).name
+            except ValueError:
+                name = f"signal {code - 128}"
+            return f"[exit code {code}: {name}, {_SIGNAL_HINTS.get(name, 'terminated by a signal')}]"
+        return f"[exit code {code}]"
+
+
+def clean_text(data: bytes) -> str:
+    """Decode command output safely: invalid UTF-8 and control characters become U+FFFD."""
+    text = data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+    bad = {c: "\ufffd" for c in range(32) if c not in (9, 10)}
+    bad[127] = "\ufffd"
+    return text.translate(bad)
+
+
+class _BoundedOutput:
+    """Keeps the first and last bytes of a stream and counts the rest."""
+
+    def __init__(self, limit: int):
+        self.head_limit = max(1, limit * 3 // 4)
+        self.tail_limit = max(1, limit - self.head_limit)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > self.tail_limit:
+                del self.tail[: len(self.tail) - self.tail_limit]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail)
+
+    def text(self) -> str:
+        if not self.truncated:
+            return clean_text(bytes(self.head + self.tail))
+        dropped = self.total - len(self.head) - len(self.tail)
+        return (
+            clean_text(bytes(self.head))
+            + f"\n[... {dropped:,} bytes of output truncated ({self.total:,} in total) ...]\n"
+            + clean_text(bytes(self.tail))
+        )
+
+
+def run_bounded(
+    argv: list[str],
+    *,
+    timeout_s: float,
+    output_bytes: int,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    limits: Limits | None = None,
+) -> CommandResult:
+    """Run ``argv`` in a new session with a deadline, rlimits and bounded output.
+
+    On timeout the whole process group is killed with SIGKILL. Never raises for a failing
+    command; an ``OSError`` starting it is reported in ``error``.
+    """
+    start = time.monotonic()
+    preexec = functools.partial(_apply_rlimits, limits) if limits is not None else None
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return CommandResult("", None, error=f"could not start the command: {e}")
+    out = _BoundedOutput(output_bytes)
+    timed_out = False
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            remaining = start + timeout_s - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            if not sel.select(min(remaining, 1.0)):
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            out.feed(chunk)
+    if not timed_out:
+        try:
+            proc.wait(timeout=max(0.0, start + timeout_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    if timed_out:
+        kill_group(proc)
+    proc.stdout.close()
+    code = proc.wait()
+    return CommandResult(
+        out.text(), None if timed_out else code, timed_out, out.truncated, time.monotonic() - start
+    )
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group that ``proc`` leads (bwrap's children die with it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+
+
+def _apply_rlimits(limits: Limits) -> None:  # runs in the child between fork and exec
+    mib = 1024 * 1024
+    for res, value in (
+        (resource.RLIMIT_CPU, limits.cpu_s),
+        (resource.RLIMIT_AS, limits.memory_mb * mib),
+        (resource.RLIMIT_FSIZE, limits.file_size_mb * mib),
+        (resource.RLIMIT_NPROC, limits.nproc),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        resource.setrlimit(res, (value, value))
+
+
+def sandbox_env(path_dirs: list[str], home: str) -> dict[str, str]:
+    """The only environment variables a command sees (no host secrets leak through)."""
+    return {
+        "PATH": ":".join([*path_dirs, "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "GIT_CONFIG_COUNT": "3",
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": "*",
+        "GIT_CONFIG_KEY_1": "user.name",
+        "GIT_CONFIG_VALUE_1": "agent",
+        "GIT_CONFIG_KEY_2": "user.email",
+        "GIT_CONFIG_VALUE_2": "agent@sandbox",
+    }
+
+
+# --------------------------------------------------------------------------- backends
+class Sandbox:
+    """Runs shell commands in a workspace directory.
+
+    Args:
+        workspace: the host directory holding the repository (bound read-write).
+        limits: resource limits for every command.
+        mounts: extra host directories made visible read-only, ``{host_path: sandbox_path}``.
+        python: the interpreter whose prefix is exposed and put first on ``PATH``.
+    """
+
+    kind = "base"
+    workdir = WORKDIR
+
+    def __init__(self, workspace: str | Path, limits: Limits | None = None,
+                 mounts: dict[str, str] | None = None, python: str | None = None):
+        self.workspace = Path(workspace).resolve()
+        self.limits = limits or Limits()
+        self.mounts = dict(mounts or {})
+        self.python = python or sys.executable
+        self.closed = False
+
+    def path(self, sandbox_path: str) -> str:
+        """Where a mounted directory appears to commands."""
+        return sandbox_path
+
+    def run(self, command: str, *, timeout_s: float | None = None, output_bytes: int | None = None) -> CommandResult:
+        """Run ``command`` with ``bash -c`` in the workspace; never raises for a bad command."""
+        if self.closed:
+            return CommandResult("", None, error="the sandbox is closed")
+        if "\x00" in command:
+            return CommandResult("", None, error="the command contains a NUL byte")
+        return self._run(command, timeout_s or self.limits.timeout_s, output_bytes or self.limits.output_bytes)
+
+    def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class LocalSandbox(Sandbox):
+    """rlimits and a process group only: commands see the whole host. Opt-in, warns loudly."""
+
+    kind = "local"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.workdir = str(self.workspace)
+        warnings.warn(
+            "SWE sandbox='local' gives NO isolation: agent commands run as this user with full access to the "
+            "host's files and network (only rlimits apply). Install bubblewrap (apt-get install bubblewrap) "
+            "and use sandbox='bwrap' for untrusted agents.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def path(self, sandbox_path: str) -> str:
+        for host, inside in self.mounts.items():
+            if sandbox_path == inside or sandbox_path.startswith(inside.rstrip("/") + "/"):
+                return host + sandbox_path[len(inside.rstrip("/")):]
+        return sandbox_path
+
+    def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
+        env = sandbox_env([str(Path(self.python).parent)], str(self.workspace))
+        return run_bounded(["bash", "-c", command], timeout_s=timeout_s, output_bytes=output_bytes,
+                           env=env, cwd=str(self.workspace), limits=self.limits)
+
+
+class BwrapSandbox(Sandbox):
+    """bubblewrap: read-only minimal root, private /tmp, no network, own PID namespace, uid 65534."""
+
+    kind = "bwrap"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.mode = bwrap_mode()
+        if self.mode == "setpriv":
+            chown_tree(self.workspace, SANDBOX_UID)
+
+    def argv(self, command: str) -> list[str]:
+        """The full bwrap command line for ``command``."""
+        args = ["bwrap", "--tmpfs", "/"]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            p = Path("/") / name
+            if p.is_symlink():
+                args += ["--symlink", os.readlink(p), str(p)]
+            elif p.is_dir():
+                args += ["--ro-bind", str(p), str(p)]
+        made: set[str] = {"/"}
+        for src in ("/usr", "/etc", *python_prefixes(self.python)):
+            args += _parents(src, made) + ["--ro-bind", src, src]
+        for host, inside in self.mounts.items():
+            args += _parents(inside, made) + ["--ro-bind", host, inside]
+        lim = self.limits
+        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(lim.tmp_mb * 1024 * 1024),
+                 "--tmpfs", "/tmp", "--bind", str(self.workspace), WORKDIR, "--remount-ro", "/",
+                 "--chdir", WORKDIR, "--hostname", "sandbox", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+                 "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+        if self.mode == "userns":
+            args += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+        args.append("--")
+        if self.mode == "setpriv":
+            args += ["setpriv", "--reuid", str(SANDBOX_UID), "--regid", str(SANDBOX_UID), "--clear-groups",
+                     "--inh-caps=-all", "--bounding-set=-all", "--"]
+        return [*args, "bash", "-c", command]
+
+    def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
+        env = sandbox_env([str(Path(self.python).parent)], "/tmp")
+        return run_bounded(self.argv(command), timeout_s=timeout_s, output_bytes=output_bytes, env=env,
+                           limits=self.limits)
+
+
+def _parents(path: str, made: set[str]) -> list[str]:
+    """bwrap args creating the (world-readable) parent directories of ``path``."""
+    args: list[str] = []
+    parts = Path(path).parts
+    for i in range(2, len(parts)):
+        d = str(Path(*parts[:i]))
+        if d not in made:
+            made.add(d)
+            args += ["--perms", "0755", "--dir", d]
+    return args
+
+
+def python_prefixes(python: str) -> list[str]:
+    """The directories an interpreter needs at run time (venv and base install), outside /usr."""
+    exe = Path(python)
+    prefixes = {str(exe.parent.parent.absolute())}
+    prefixes.add(str(exe.resolve().parent.parent))
+    if Path(python).absolute() == Path(sys.executable).absolute():
+        prefixes |= {sys.prefix, sys.base_prefix}
+    keep = sorted(p for p in prefixes if not (p == "/usr" or p.startswith(("/usr/", "/etc/"))) and p != "/")
+    # drop prefixes nested in another kept prefix
+    return [p for p in keep if not any(p != q and p.startswith(q + "/") for q in keep)]
+
+
+def chown_tree(root: Path, uid: int) -> None:
+    """Give ``root`` and everything under it to ``uid`` (never following symlinks)."""
+    os.lchown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_mode() -> str:
+    """How bwrap runs here: ``setpriv`` (root: real uid drop), ``userns`` or ``unprivileged``.
+
+    Raises:
+        SandboxUnavailable: bubblewrap is missing or cannot create namespaces here.
+    """
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailable(
+            "bubblewrap is not installed: apt-get install bubblewrap (or pass sandbox='docker' where a Docker "
+            "engine runs, or sandbox='local' to run agent commands unisolated)"
+        )
+    base = ["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--die-with-parent"]
+    tries: list[tuple[str, list[str]]] = []
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        tries.append(("setpriv", [*base, "--", "setpriv", "--reuid", str(SANDBOX_UID), "--regid",
+                                  str(SANDBOX_UID), "--clear-groups", "true"]))
+    tries.append(("userns", [*base, "--unshare-user", "--uid", str(SANDBOX_UID), "--", "true"]))
+    tries.append(("unprivileged", [*base, "--", "true"]))
+    errors = []
+    for mode, argv in tries:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode == 0:
+            return mode
+        errors.append(f"{mode}: {proc.stderr.strip()}")
+    raise SandboxUnavailable(
+        "bubblewrap is installed but cannot create a sandbox here (" + "; ".join(errors) + "). In a container, "
+        "allow user namespaces (e.g. docker run --security-opt seccomp=unconfined) or use sandbox='docker'."
+    )
+
+
+def make_sandbox(kind: str, workspace: str | Path, limits: Limits | None = None,
+                 mounts: dict[str, str] | None = None, python: str | None = None) -> Sandbox:
+    """Build a ``bwrap`` or ``local`` sandbox over a host workspace directory."""
+    if kind == "bwrap":
+        return BwrapSandbox(workspace, limits, mounts, python)
+    if kind == "local":
+        return LocalSandbox(workspace, limits, mounts, python)
+    raise ValueError(f"unknown sandbox {kind!r}; use 'bwrap', 'docker' or 'local'")
+
+
+def default_sandbox_kind() -> str:
+    """``bwrap`` where bubblewrap is installed; otherwise an error that names the fix."""
+    if shutil.which("bwrap"):
+        return "bwrap"
+    raise SandboxUnavailable(
+        "No sandbox for SWE envs: install bubblewrap (apt-get install bubblewrap), or pass sandbox='docker' "
+        "where a Docker engine runs, or opt in to sandbox='local' (no isolation)."
+    )
