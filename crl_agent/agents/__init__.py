@@ -9,6 +9,7 @@ from crl_agent.agents.base import Agent, EpisodeContext, EpisodeResult, Policy
 BUILTIN = {
     "random": "crl_agent.agents.random:RandomAgent",
     "oracle": "crl_agent.agents.oracle:OracleAgent",
+    "llm": "crl_agent.agents.llm:LLMAgent",
 }
 
 __all__ = ["Agent", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "BUILTIN"]

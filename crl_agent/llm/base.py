@@ -50,6 +50,8 @@ class Completion:
         prompt_tokens: number of prompt tokens (always set).
         finish_reason: ``"stop"`` (EOS or a stop string) or ``"length"``.
         model: which model produced it.
+        reported_completion_tokens: the server's count of generated tokens, for backends that
+            return no token ids (``completion_tokens`` falls back to it).
     """
 
     text: str
@@ -59,10 +61,13 @@ class Completion:
     prompt_tokens: int = 0
     finish_reason: str = "stop"
     model: str = ""
+    reported_completion_tokens: int | None = None
 
     @property
     def completion_tokens(self) -> int:
-        return len(self.token_ids)
+        if self.token_ids:
+            return len(self.token_ids)
+        return int(self.reported_completion_tokens or 0)
 
 
 class LLMError(RuntimeError):
@@ -80,6 +85,10 @@ class LLM(abc.ABC):
     @abc.abstractmethod
     async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
         """Complete one chat."""
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text`` (backends with a tokenizer override this estimate of ~4 chars a token)."""
+        return max(1, (len(text) + 3) // 4) if text else 0
 
     def config(self) -> dict[str, Any]:
         """A JSON-serialisable description for ``summary.json`` (never secrets)."""

@@ -1,0 +1,299 @@
+"""``llm``: a plain ReAct-style LLM agent over any backend.
+
+Each turn the policy sends one chat (see :mod:`crl_agent.prompts`): a system message with the
+env family's instructions and the action format, the last ``history`` turns (dropped oldest
+first beyond ``history_tokens``), and the current observation with the goal, the admissible
+actions when the env lists them, and feedback on the previous reply.
+
+**Action format.** Brief reasoning, then exactly one ``<action>...</action>``; generation stops
+at ``</action>``. :func:`parse_action` is lenient and tries, in order: the tag (also unclosed at
+the end of the reply), the last ``Action: ...`` line, the last line that exactly matches an
+admissible action, the last fenced code block, and the last line that matches an admissible
+action ignoring case, quotes, markdown and a trailing period. A match is mapped onto the
+admissible action's exact spelling.
+
+**Parse failures.** A reply with no action is *not* replaced by a made-up move: the stripped
+reply itself is sent, so the env scores it exactly like any other bad input (an invalid move,
+reward 0, feedback in its observation, counted in ``invalid_actions``), and the next prompt
+tells the model that its reply had no ``<action>`` tag.
+
+**Extending it** (the ``crl`` agent does): subclass :class:`LLMPolicy` and set
+``policy_class`` on an :class:`LLMAgent` subclass. Hooks:
+
+- ``async system_prompt(obs, info)``: the system message, built once at the first step (the
+  goal is known by then); append retrieved experience to ``await super().system_prompt(...)``.
+- ``parse_reply(text, info)``: return a :class:`ParsedReply`; set ``tool``/``argument`` for a
+  tool call such as ``<search>query</search>``.
+- ``async on_tool(reply, info)``: run a tool call and return the text the model sees next; the
+  policy then asks the model again in the same turn (at most ``max_tool_calls`` per episode).
+- ``stop_strings()``: add ``"</search>"`` so generation stops after a tool call.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from crl_agent import prompts
+from crl_agent.agents.base import Agent, EpisodeContext, Policy
+from crl_agent.llm import LLM, Completion, Message, SamplingParams, make_llm
+
+_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_TAG_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
+_OPEN_TAG_RE = re.compile(r"<action>(.*)\Z", re.DOTALL | re.IGNORECASE)
+_ACTION_LINE_RE = re.compile(r"^[\s>*#-]*\**action\**\s*[:：]\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+_FENCE_RE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)```", re.DOTALL)
+_DECOR = " \t\"'`*_"
+
+
+@dataclass
+class ParsedReply:
+    """What a reply asks for.
+
+    Attributes:
+        action: the action to send, or ``None`` when the reply holds none.
+        method: which rule found it (``tag``, ``action_line``, ``exact_line``, ``fenced``,
+            ``case_insensitive``) or ``none``.
+        tool: a tool name (subclasses, e.g. ``"search"``), else ``None``.
+        argument: the tool's argument.
+    """
+
+    action: str | None
+    method: str
+    tool: str | None = None
+    argument: str = ""
+
+
+def _clean(candidate: str) -> str:
+    text = candidate.strip().strip(_DECOR).strip()
+    return text[:-1].rstrip() if text.endswith(".") and len(text) > 1 else text
+
+
+def _canonical(candidate: str, admissible: list[str] | None) -> str:
+    """Map ``candidate`` onto an admissible action's spelling when it matches one loosely."""
+    raw = candidate.strip()
+    if admissible:
+        lookup = {a.strip().lower(): a for a in admissible}
+        for key in (raw.lower(), raw.strip(_DECOR).lower(), _clean(raw).lower()):
+            if key in lookup:
+                return lookup[key]
+    return raw.strip(_DECOR).strip() if raw.strip(_DECOR).strip() else raw
+
+
+def parse_action(text: str, admissible: list[str] | None = None) -> ParsedReply:
+    """Find the action in a model reply (see the module docstring for the rules and their order)."""
+    body = _THINK_RE.sub("", text or "")
+    m = _TAG_RE.search(body) or _OPEN_TAG_RE.search(body)
+    if m and m.group(1).strip():
+        return ParsedReply(_canonical(m.group(1), admissible), "tag")
+    lines = [ln for ln in body.splitlines() if ln.strip()]
+    hits = _ACTION_LINE_RE.findall(body)
+    if hits and _clean(hits[-1]):
+        return ParsedReply(_canonical(hits[-1], admissible), "action_line")
+    if admissible:
+        exact = set(admissible)
+        for ln in reversed(lines):
+            if ln.strip() in exact:
+                return ParsedReply(ln.strip(), "exact_line")
+    fences = [f.strip() for f in _FENCE_RE.findall(body) if f.strip()]
+    if fences:
+        return ParsedReply(_canonical(fences[-1], admissible), "fenced")
+    if admissible:
+        lookup = {a.strip().lower(): a for a in admissible}
+        for ln in reversed(lines):
+            key = _clean(ln.strip().lstrip("-*>0123456789.) ")).lower()
+            if key in lookup:
+                return ParsedReply(lookup[key], "case_insensitive")
+    return ParsedReply(None, "none")
+
+
+@dataclass
+class Turn:
+    """One step of an episode as the policy saw it (kept for trainers and debugging)."""
+
+    observation: str
+    reply: str
+    action: str
+    method: str
+    messages: list[Message]
+    completions: list[Completion] = field(default_factory=list)
+    history_tokens: int = 0
+
+
+class LLMPolicy(Policy):
+    """One episode of the ``llm`` agent; see the module docstring for the hooks."""
+
+    def __init__(self, agent: LLMAgent, ctx: EpisodeContext):
+        self.agent, self.ctx = agent, ctx
+        self.family = prompts.family_of_env_id(ctx.env_id)
+        self.turns: list[Turn] = []
+        self.tokens_in = self.tokens_out = 0
+        self.llm_calls = self.parse_failures = self.tool_calls = 0
+        self._system: str | None = None
+        self._feedback = ""
+
+    # ------------------------------------------------------------------ hooks
+    async def system_prompt(self, obs: str, info: dict[str, Any]) -> str:
+        """The system message for this episode (called once, at the first step)."""
+        return prompts.system_prompt(self.family)
+
+    def parse_reply(self, text: str, info: dict[str, Any]) -> ParsedReply:
+        """Parse one model reply."""
+        return parse_action(text, info.get("admissible_actions"))
+
+    async def on_tool(self, reply: ParsedReply, info: dict[str, Any]) -> str:
+        """Run a tool call and return what the model sees next (the base agent has no tools)."""
+        return f"There is no tool named {reply.tool!r}. Answer with <action>...</action>."
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return ("</action>",)
+
+    # ----------------------------------------------------------------- acting
+    def build_messages(self, obs: str, info: dict[str, Any], scratch: list[Message]) -> list[Message]:
+        """System message, bounded history, current turn, then this turn's tool exchanges."""
+        agent = self.agent
+        history: list[Message] = []
+        budget = agent.history_tokens
+        for i in range(len(self.turns) - 1, max(-1, len(self.turns) - 1 - agent.history), -1):
+            turn = self.turns[i]
+            if turn.history_tokens > budget:
+                break
+            budget -= turn.history_tokens
+            history[:0] = [
+                {"role": "user", "content": prompts.history_message(turn.observation, i)},
+                {"role": "assistant", "content": turn.reply},
+            ]
+        current = prompts.turn_message(
+            obs,
+            goal=str(info.get("task") or ""),
+            actions=info.get("admissible_actions"),
+            feedback=self._feedback,
+            step=len(self.turns),
+        )
+        return [{"role": "system", "content": self._system or ""}, *history, {"role": "user", "content": current},
+                *scratch]
+
+    def _params(self) -> SamplingParams:
+        key = f"{self.agent.seed}:{self.ctx.env_id}:{self.ctx.seed}:{self.llm_calls}".encode()
+        return SamplingParams(
+            max_tokens=self.agent.max_tokens,
+            temperature=self.agent.temperature,
+            top_p=self.agent.top_p,
+            stop=self.stop_strings(),
+            seed=zlib.crc32(key) & 0x7FFFFFFF,
+        )
+
+    async def _complete(self, messages: list[Message]) -> Completion:
+        completion = await self.agent.llm.chat(messages, self._params())
+        self.llm_calls += 1
+        self.tokens_in += completion.prompt_tokens
+        self.tokens_out += completion.completion_tokens
+        return completion
+
+    async def act(self, obs: str, info: dict[str, Any]) -> str:
+        if self._system is None:
+            self._system = await self.system_prompt(obs, info)
+        scratch: list[Message] = []
+        completions: list[Completion] = []
+        while True:
+            messages = self.build_messages(obs, info, scratch)
+            completion = await self._complete(messages)
+            completions.append(completion)
+            parsed = self.parse_reply(completion.text, info)
+            if parsed.tool is None or parsed.action is not None:
+                break
+            if self.tool_calls >= self.agent.max_tool_calls:
+                result = "No tool calls left in this episode. Answer with <action>...</action> now."
+                if len(completions) > self.agent.max_tool_calls + 1:
+                    break
+            else:
+                self.tool_calls += 1
+                result = await self.on_tool(parsed, info)
+            scratch += [{"role": "assistant", "content": completion.text}, {"role": "user", "content": result}]
+        reply = completion.text
+        feedback = ""
+        if parsed.action is None:
+            self.parse_failures += 1
+            action = reply.strip()
+            feedback = prompts.TRUNCATED_FEEDBACK if completion.finish_reason == "length" else prompts.NO_TAG_FEEDBACK
+        else:
+            action = parsed.action
+            if parsed.method == "tag" and "</action>" not in reply.lower():
+                reply += "</action>"  # generation stopped at the tag: show the model well-formed history
+        self._feedback = feedback
+        hist_tokens = self.agent.llm.count_tokens(reply) + self.agent.llm.count_tokens(obs) + 16
+        self.turns.append(Turn(obs, reply, action, parsed.method, messages, completions, hist_tokens))
+        return action
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "llm_calls": self.llm_calls,
+            "parse_failures": self.parse_failures,
+            "tool_calls": self.tool_calls,
+        }
+
+
+class LLMAgent(Agent):
+    """A ReAct-style agent: one LLM call per step, one ``<action>`` per reply.
+
+    Args:
+        seed: mixed with the env id, episode seed and call index into each request's sampling seed.
+        model: a local model directory or server model name (``None``: the packaged SmolLM2-135M).
+        backend: ``"transformers"``, ``"openai"`` or ``"vllm"``.
+        temperature: sampling temperature (0: greedy).
+        top_p: nucleus sampling mass.
+        max_tokens: cap on each reply.
+        history: most past turns shown.
+        history_tokens: token budget for those turns (oldest dropped first).
+        max_tool_calls: tool calls allowed per episode (only used by subclasses with tools).
+        llm: an already built backend (shared, not closed by :meth:`aclose`); overrides ``backend``/``model``.
+        **backend_kwargs: passed to :func:`crl_agent.llm.make_llm` (e.g. ``base_url=``, ``device=``).
+    """
+
+    name = "llm"
+    policy_class: type[LLMPolicy] = LLMPolicy
+
+    def __init__(
+        self,
+        seed: int = 0,
+        model: str | None = None,
+        backend: str = "transformers",
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        max_tokens: int = 256,
+        history: int = 4,
+        history_tokens: int = 1500,
+        max_tool_calls: int = 2,
+        llm: LLM | None = None,
+        **backend_kwargs: Any,
+    ):
+        if max_tokens < 1 or history < 0 or history_tokens < 0:
+            raise ValueError("need max_tokens >= 1, history >= 0 and history_tokens >= 0")
+        self.seed = seed
+        self.temperature, self.top_p, self.max_tokens = float(temperature), float(top_p), int(max_tokens)
+        self.history, self.history_tokens, self.max_tool_calls = int(history), int(history_tokens), int(max_tool_calls)
+        self._owns_llm = llm is None
+        self.llm: LLM = llm if llm is not None else make_llm(backend, model, **backend_kwargs)
+
+    def make_policy(self, ctx: EpisodeContext) -> LLMPolicy:
+        return self.policy_class(self, ctx)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **super().config(),
+            "seed": self.seed,
+            "llm": self.llm.config(),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "history": self.history,
+            "history_tokens": self.history_tokens,
+        }
+
+    async def aclose(self) -> None:
+        if self._owns_llm:
+            await self.llm.aclose()

@@ -1,0 +1,134 @@
+"""``vllm`` backend: vLLM's offline engine in this process (CUDA GPU only, the ``gpu`` extra).
+
+vLLM is imported lazily, so nothing here costs anything on a CPU install; building the backend
+without vLLM or without a CUDA device raises an error that says what to do. Concurrent ``chat``
+calls are micro-batched (:class:`~crl_agent.llm.batching.RequestBatcher`) into one
+``LLM.generate`` call with per-request sampling params, run in a worker thread. For a
+long-running shared server, run ``vllm serve`` and use the ``openai`` backend instead.
+
+Log-probs come from vLLM's ``logprobs=0`` (the sampled token's log-prob; vLLM reports the raw
+model distribution by default), aligned with the returned token ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams
+from crl_agent.llm.batching import RequestBatcher
+from crl_agent.llm.transformers_backend import validate_messages
+
+_INSTALL_HINT = 'pip install "crl-bench[gpu]" (vLLM needs a CUDA GPU and pins its own torch)'
+
+
+def vllm_available() -> tuple[bool, str]:
+    """Whether vLLM can run here, and why not."""
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU visible to torch"
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False, f"vllm is not installed: {_INSTALL_HINT}"
+    return True, ""
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+class VLLMLLM(LLM):
+    """A model served by vLLM's offline engine.
+
+    Args:
+        model: a local model directory (or any name vLLM resolves locally).
+        seed: engine seed; requests without ``SamplingParams.seed`` draw from its stream.
+        max_batch_size: most requests per ``generate`` call.
+        batch_wait_ms: how long the batcher keeps collecting after the first request.
+        **engine_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization=0.5``,
+            ``max_model_len=8192``, ``tensor_parallel_size=2``).
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        seed: int = 0,
+        max_batch_size: int = 256,
+        batch_wait_ms: float = 10.0,
+        **engine_kwargs: Any,
+    ):
+        ok, why = vllm_available()
+        if not ok:
+            raise LLMError(f"the vllm backend cannot run here: {why}. Use backend='transformers' on CPU, or {_INSTALL_HINT}")
+        if not model:
+            raise ValueError("the vllm backend needs model=<local model directory>")
+        import vllm
+
+        self._vllm = vllm
+        self.model_name = str(model)
+        self.engine_kwargs = dict(engine_kwargs)
+        self.engine = vllm.LLM(model=self.model_name, seed=seed, **engine_kwargs)
+        self.tokenizer = self.engine.get_tokenizer()
+        self._batcher: RequestBatcher[_Request, Completion] = RequestBatcher(
+            self._generate_batch, max_batch_size=max_batch_size, max_wait_s=batch_wait_ms / 1000, thread_name="vllm"
+        )
+
+    async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
+        params = params or SamplingParams()
+        messages = validate_messages(messages)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return await self._batcher.submit(_Request(ids, params))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _generate_batch(self, reqs: list[_Request]) -> list[Completion]:
+        vllm = self._vllm
+        prompts = [{"prompt_token_ids": r.prompt_ids} for r in reqs]
+        sampling = [
+            vllm.SamplingParams(
+                max_tokens=r.params.max_tokens,
+                temperature=r.params.temperature,
+                top_p=r.params.top_p,
+                stop=list(r.params.stop) or None,
+                seed=r.params.seed,
+                logprobs=0,
+            )
+            for r in reqs
+        ]
+        outputs = self.engine.generate(prompts, sampling, use_tqdm=False)
+        results = []
+        for r, out in zip(reqs, outputs, strict=True):
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            lps = [float(step[tok].logprob) for tok, step in zip(ids, o.logprobs or [], strict=False)]
+            results.append(
+                Completion(
+                    text=o.text,
+                    token_ids=ids,
+                    logprobs=lps if len(lps) == len(ids) else [],
+                    prompt_token_ids=r.prompt_ids,
+                    prompt_tokens=len(r.prompt_ids),
+                    finish_reason="length" if o.finish_reason == "length" else "stop",
+                    model=self.model_name,
+                )
+            )
+        return results
+
+    def config(self) -> dict[str, Any]:
+        safe = {k: v for k, v in self.engine_kwargs.items() if isinstance(v, (str, int, float, bool))}
+        return {"backend": self.name, "model": self.model_name, **safe}
+
+    async def aclose(self) -> None:
+        await self._batcher.aclose()
+        self.engine = None
