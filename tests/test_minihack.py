@@ -59,6 +59,69 @@ def test_render_shows_map_legend_message_and_true_position_and_hp():
         obs, *_ = env.step("south")
 
 
+KEYROOM_S5_SEED0_AFTER_PICKUP = """\
+Goal: Pick up the key, unlock the door with it, and reach the staircase down (>).
+Message: g - a key named The Master Key of Thievery.
+Map:
+   ----
+   |@.|
+   |.<|
+   -..|
+   ...|
+ .....|
+-------
+Agent the Footpad              St:15 Dx:18 Co:12 In:10 Wi:9 Ch:11 Chaotic S:0
+Dlvl:1 $:0 HP:12(12) Pw:2(2) AC:7 Xp:1/0
+You (@) are at row 1, column 4 of the map. HP 12/12.
+Legend: - wall; . floor of a room; < staircase up; @ human rogue called Agent; | wall
+Inventory: a - a +0 short sword (weapon in hand); b - 11 +0 daggers (alternate weapon; not wielded); \
+c - an uncursed +1 leather armor (being worn); d - an uncursed potion of sickness; e - an uncursed lock pick; \
+f - an empty uncursed sack; g - a key named The Master Key of Thievery
+Actions: north, east, south, west, northeast, southeast, southwest, northwest, pickup, apply"""
+
+
+def test_render_snapshot_of_map_legend_message_and_inventory():
+    env = gym.make("crl/MiniHack-KeyRoom-S5-v0")
+    env.reset(seed=0)
+    for action in ["northwest", "pickup"]:
+        obs, *_ = env.step(action)
+    assert obs == KEYROOM_S5_SEED0_AFTER_PICKUP
+
+
+def _position(obs: str) -> tuple[int, int]:
+    m = re.search(r"You \(@\) are at row (\d+), column (\d+)", obs)
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_more_prompts_never_stall_and_keep_every_message():
+    env = gym.make("crl/MiniHack-KeyRoom-S5-v0")
+    env.reset(seed=0)
+    for action in ["northwest", "pickup", "apply", "g"]:
+        obs, *_ = env.step(action)
+    assert "In what direction?" in obs
+    # No door to the west: NetHack prints three messages, each waiting at "--More--".
+    obs, reward, term, trunc, info = env.step("west")
+    message = obs.splitlines()[1]
+    assert message == (
+        "Message: You see no door there.  Can't open 'rumors' file.  Program in disorder!  "
+        'The key named The Master Key of Thievery whispers:  "NetHack rumors file closed for renovation."'
+    )
+    assert info["valid_action"] and not (term or trunc) and "NetHack asks" not in obs
+    # NetHack is back at its command loop: the next move is a move, not a keypress eaten by "--More--".
+    obs, *_ = env.step("east")
+    assert _position(obs) == (1, 5) and "Message: (none)" in obs
+
+
+def test_the_last_observation_reports_the_outcome():
+    env = gym.make("crl/MiniHack-Room-5x5-v0")
+    env.reset(seed=0)
+    for _ in range(env.spec.max_episode_steps):
+        obs, reward, term, trunc, info = env.step(env.unwrapped.oracle_action())
+        if term or trunc:
+            break
+    assert term and reward == 1.0 and obs.endswith("The episode is over. You reached the goal.")
+
+
 def test_item_letters_only_answer_questions_and_bad_input_is_invalid():
     env = gym.make("crl/MiniHack-KeyRoom-S5-v0")
     env.reset(seed=0)

@@ -9,10 +9,13 @@ import gymnasium as gym
 import numpy as np
 
 from crl_envs.core import InvalidAction, StepOutcome, TextEnv
-from crl_envs.minihack.render import Renderer, in_more_prompt, map_box, text_of
+from crl_envs.minihack.render import Renderer, map_box, text_of
 from crl_envs.minihack.solver import MiniHackPlanner
 
 _OBS_KEYS = ("chars", "blstats", "message", "screen_descriptions", "inv_strs", "inv_letters", "tty_chars")
+_XWAITFORSPACE, _IN_GETLIN = 3, 2  # indices into NLE's "internal" array (never shown to agents)
+_MAX_CONTINUES = 64
+_DEATH, _TASK_SUCCESSFUL = 1, 2  # nle's StepStatus
 _NAMES = {
     "N": "north", "E": "east", "S": "south", "W": "west",
     "NE": "northeast", "SE": "southeast", "SW": "southwest", "NW": "northwest",
@@ -87,11 +90,13 @@ class MiniHackTextEnv(TextEnv):
             task,
             observation_keys=_OBS_KEYS,
             actions=tuple(actions),
-            allow_all_yn_questions=True,
+            allow_all_yn_questions=True,  # questions reach the agent
+            allow_all_modes=True,  # "--More--" and text prompts reach _continue(), which keeps the messages
             max_episode_steps=10**7,  # our TimeLimit governs, so the limit is a truncation
             disable_env_checker=True,
         )
         self._step = self._nle.unwrapped.step  # the wrappers' TimeLimit of 10**7 never fires
+        self._internal = np.zeros(9, np.int32)  # NLE's "internal" buffer, bound at reset
         self._index = {int(a): i for i, a in enumerate(actions)}
         self._named: dict[str, int] = {}
         for a in base:
@@ -103,6 +108,7 @@ class MiniHackTextEnv(TextEnv):
         self._renderer = Renderer(self._goal, show_inventory="KeyRoom" in task)
         self._obs: dict[str, np.ndarray] = {}
         self._prompt = ""
+        self._message = ""
         self._planner = MiniHackPlanner()
 
     # ------------------------------------------------------------------ env
@@ -110,23 +116,45 @@ class MiniHackTextEnv(TextEnv):
         core, disp = (int(x) for x in self.np_random.integers(1, 2**31 - 1, size=2))
         self._nle.unwrapped.seed(core, disp, reseed=False)
         self._obs, _ = self._nle.reset()
+        raw = self._nle.unwrapped  # NLE fills "internal" every step but MiniHack does not return it (nle==1.3.0)
+        self._internal = raw.last_observation[raw._internal_index]  # a buffer NLE reuses in place
         self._prompt = ""
         self._planner = MiniHackPlanner()
-        self._continue_more()
+        self._continue()
         return self._render(), {"task": self._goal}
 
     def _key(self, key: int) -> tuple[float, bool, dict]:
         self._obs, reward, term, trunc, info = self._step(self._index[key])
         return float(reward), bool(term), info
 
-    def _continue_more(self) -> tuple[bool, dict]:
-        term, info = False, {}
-        for _ in range(10):  # "--More--" never stalls an episode
-            if term or not in_more_prompt(self._obs["tty_chars"]):
+    def _continue(self, term: bool = False, info: dict | None = None) -> tuple[bool, dict]:
+        """Get past "--More--" (keeping each message) and text prompts, so nothing stalls.
+
+        Args:
+            term, info: what the last NetHack step returned.
+
+        Returns:
+            ``(terminated, info)`` after the extra keys. Sets ``self._message`` to every
+            message shown since the last action, and ``self._prompt`` to NetHack's pending
+            question, if any.
+        """
+        info, parts = info or {}, []
+        for _ in range(_MAX_CONTINUES):
+            internal = self._internal
+            if term or not (internal[_XWAITFORSPACE] or internal[_IN_GETLIN]):
                 break
-            _, term, info = self._key(_RETURN)
+            if internal[_XWAITFORSPACE]:
+                part = text_of(self._obs["message"])
+                if part and (not parts or parts[-1] != part):
+                    parts.append(part)
+                _, term, info = self._key(_RETURN)
+            else:  # NetHack wants a typed line (e.g. a name); agents only answer single-key questions
+                _, term, info = self._key(_ESC)
         msg = text_of(self._obs["message"])
         self._prompt = msg if (msg.endswith("?") or msg.endswith("]") or "[yn" in msg) else ""
+        if parts and parts[-1] != msg:
+            parts.append(msg)
+        self._message = "  ".join(p for p in parts if p) if parts else msg
         return term, info
 
     def normalize_action(self, action: str) -> str:
@@ -144,13 +172,12 @@ class MiniHackTextEnv(TextEnv):
             key = ord(action)
         else:
             raise InvalidAction(f"{action[:60]!r} is not an action here; use one of: {', '.join(self._named)}")
-        _, term, info = self._key(key)
+        term, info = self._continue(*self._key(key)[1:])
         if not term:
-            term2, info2 = self._continue_more()
-            term, info = term or term2, info2 or info
-        status = info.get("end_status")
-        success = bool(term and status is not None and int(status) == 2)  # StepStatus.TASK_SUCCESSFUL
-        return StepOutcome(self._render(), 1.0 if success else 0.0, term, success, 1.0 if success else 0.0)
+            return StepOutcome(self._render())
+        status = int(info.get("end_status", 0))
+        success = status == _TASK_SUCCESSFUL
+        return StepOutcome(self._render_end(status), float(success), True, success, float(success))
 
     def _admissible_actions(self) -> list[str]:
         return list(self._actions_in_prompt if self._prompt else self._actions)
@@ -163,9 +190,14 @@ class MiniHackTextEnv(TextEnv):
         """The dungeon map trimmed to its bounding box, with the box's top-left (row, col)."""
         return map_box(self._obs["chars"])
 
+    def _render_end(self, status: int) -> str:
+        """The last observation: NetHack has ended the game, so there is no map left to show."""
+        outcome = {_TASK_SUCCESSFUL: "You reached the goal.", _DEATH: "You died."}.get(status, "The game ended.")
+        return f"Goal: {self._goal}\nMessage: {self._message or '(none)'}\nThe episode is over. {outcome}"
+
     def _render(self) -> str:
         actions = self._actions_in_prompt if self._prompt else self._actions
-        return self._renderer.render(self._obs, self._prompt, actions)
+        return self._renderer.render(self._obs, self._message, self._prompt, actions)
 
     def close(self) -> None:
         if getattr(self, "_nle", None) is not None:

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-MORE = b"--More--"
 _LEGEND_CACHE_MAX = 4096
 _KEEP_CONTROL = bytes.maketrans(b"\t\n\r\x0b\x0c", b"?????")
 
@@ -63,11 +62,6 @@ def map_box(chars: np.ndarray) -> tuple[list[str], int, int]:
     return [text[i:i + c1 - c0] for i in range(c0, (r1 - r0) * w, w)], r0, c0
 
 
-def in_more_prompt(tty_chars: np.ndarray) -> bool:
-    """Whether NetHack shows "--More--" in the message area (the top three tty rows)."""
-    return MORE in tty_chars[:3].tobytes()
-
-
 class Renderer:
     """Renders one env's observations; holds caches that are valid across episodes.
 
@@ -107,20 +101,25 @@ class Renderer:
         return "; ".join(parts)
 
     def inventory(self, obs: dict[str, np.ndarray]) -> str:
-        """The inventory lines joined by "; ", or "(empty)"."""
-        strs = obs["inv_strs"]
-        key = strs.tobytes()
+        """The inventory as "letter - item" joined by "; ", or "(empty)".
+
+        The letters are what NetHack's item questions ("What do you want to use or
+        apply? [f or ?*]") take as answers.
+        """
+        strs, letters = obs["inv_strs"], obs["inv_letters"]
+        key = strs.tobytes() + letters.tobytes()
         if key != self._inv_key:
-            items = [text_of(strs[i]) for i in np.flatnonzero(strs[:, 0])]
+            items = [f"{chr(letters[i])} - {text_of(strs[i])}" for i in np.flatnonzero(strs[:, 0])]
             self._inv_key, self._inv_text = key, "; ".join(items) if items else "(empty)"
         return self._inv_text
 
-    def render(self, obs: dict[str, np.ndarray], prompt: str, actions: Sequence[str]) -> str:
+    def render(self, obs: dict[str, np.ndarray], message: str, prompt: str, actions: Sequence[str]) -> str:
         """The full text observation.
 
         Args:
-            obs: NLE's observation dict (``chars``, ``blstats``, ``message``,
-                ``screen_descriptions``, ``tty_chars``, and ``inv_strs`` for the inventory).
+            obs: NLE's observation dict (``chars``, ``blstats``, ``screen_descriptions``,
+                ``tty_chars``, and ``inv_strs``/``inv_letters`` for the inventory).
+            message: NetHack's messages since the last action.
             prompt: NetHack's pending question, or "".
             actions: the admissible actions to list.
         """
@@ -133,7 +132,7 @@ class Renderer:
         status = f"{bottom[:w].rstrip()}\n{bottom[w:].rstrip()}"
         out = [
             f"Goal: {self.goal}",
-            f"Message: {text_of(obs['message']) or '(none)'}",
+            f"Message: {message or '(none)'}",
             "Map:",
             *lines,
             status,
