@@ -217,7 +217,7 @@ class SWEEnv(TextEnv):
                                 python=self.python, timeout_s=self.grade_timeout_s)
         self.last_grade = grade
         text = f"Episode over ({why}). Your patch: {len(patch.splitlines())} diff lines.\n{grade.summary()}"
-        info = {"model_patch": patch, "resolved": grade.resolved,
+        info = {"instance_id": inst.instance_id, "model_patch": patch, "resolved": grade.resolved,
                 "grade": {"patch_applied": grade.patch_applied, "f2p_passed": grade.f2p_passed,
                           "f2p_failed": grade.f2p_failed, "p2p_passed": grade.p2p_passed,
                           "p2p_failed": grade.p2p_failed, "note": grade.note}}

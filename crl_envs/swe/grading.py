@@ -64,7 +64,7 @@ class GradeResult:
         return "\n".join(lines)
 
 
-def test_spec(inst: SWEInstance, workdir: str = "/testbed", patch_dir: str = PATCH_DIR, *,
+def build_test_spec(inst: SWEInstance, workdir: str = "/testbed", patch_dir: str = PATCH_DIR, *,
               instance_script: bool = False):
     """A ``swebench.types.TestSpec`` for ``inst``.
 
@@ -166,7 +166,7 @@ def grade_patch(
             checkout(source, inst.base_commit, tmp / "repo")
             sb = make_sandbox(sandbox, tmp / "repo", limits, {str(patches): PATCH_DIR}, python)
         patch_dir = sb.path(PATCH_DIR)
-        spec = test_spec(inst, sb.workdir, patch_dir, instance_script=sandbox == "docker")
+        spec = build_test_spec(inst, sb.workdir, patch_dir, instance_script=sandbox == "docker")
         script = "\n".join([f"cd {_quote(sb.workdir)}", *apply_model_patch_lines(patch_dir), *spec.eval_script_list])
         res = sb.run(script, timeout_s=timeout_s, output_bytes=LOG_BYTES)
         log = res.output

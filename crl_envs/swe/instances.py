@@ -30,6 +30,7 @@ REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", 
             "FAIL_TO_PASS", "PASS_TO_PASS")
 OPTIONAL_TEXT = ("version", "environment_setup_commit", "hints_text", "created_at", "image", "log_parser",
                  "eval_type", "eval_script", "test_cmd", "repo_path")
+_CLASSIC = (*REQUIRED, "version", "environment_setup_commit", "hints_text", "created_at")
 _SHA = re.compile(r"^[0-9a-fA-F]{7,40}$")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
@@ -96,7 +97,7 @@ class SWEInstance:
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-ready dict in the published form (test lists JSON-encoded as strings)."""
-        rec = {k: v for k, v in asdict(self).items() if k != "extra" and v != ""}
+        rec = {k: v for k, v in asdict(self).items() if k != "extra" and (v != "" or k in _CLASSIC)}
         rec["FAIL_TO_PASS"] = json.dumps(list(self.FAIL_TO_PASS))
         rec["PASS_TO_PASS"] = json.dumps(list(self.PASS_TO_PASS))
         return {**self.extra, **rec}

@@ -207,14 +207,14 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def _apply_rlimits(limits: Limits) -> None:  # runs in the child between fork and exec
     mib = 1024 * 1024
-    for res, value in (
-        (resource.RLIMIT_CPU, limits.cpu_s),
-        (resource.RLIMIT_AS, limits.memory_mb * mib),
-        (resource.RLIMIT_FSIZE, limits.file_size_mb * mib),
-        (resource.RLIMIT_NPROC, limits.nproc),
-        (resource.RLIMIT_CORE, 0),
+    for res, soft, hard in (
+        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),  # SIGXCPU first, SIGKILL a second later
+        (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
+        (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
+        (resource.RLIMIT_NPROC, limits.nproc, limits.nproc),
+        (resource.RLIMIT_CORE, 0, 0),
     ):
-        resource.setrlimit(res, (value, value))
+        resource.setrlimit(res, (soft, hard))
 
 
 def sandbox_env(path_dirs: list[str], home: str) -> dict[str, str]:

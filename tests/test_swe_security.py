@@ -1,0 +1,237 @@
+"""The bwrap sandbox contains hostile commands: each attempt fails or is stopped, the command
+returns with a clear status, and the host is unchanged. Limits are tight to keep these fast.
+
+Run with ``-s`` to see what each attempt got (lines starting with ``SECURITY``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import crl_envs  # noqa: F401
+
+pytest.importorskip("swebench")
+if shutil.which("bwrap") is None:
+    pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)", allow_module_level=True)
+
+from crl_envs.swe import grading as grading_mod  # noqa: E402
+from crl_envs.swe.bundled import bundled_instances, bundled_repos_dir  # noqa: E402
+from crl_envs.swe.instances import find_repo_source  # noqa: E402
+from crl_envs.swe.sandbox import SANDBOX_UID, BwrapSandbox, Limits, bwrap_mode  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TIGHT = Limits(timeout_s=8, cpu_s=2, memory_mb=768, file_size_mb=16, nproc=64, tmp_mb=32, output_bytes=4096)
+
+
+def _report(attempt: str, result, timeout_s: float = TIGHT.timeout_s) -> None:
+    print(f"\nSECURITY {attempt}: {result.status_line(timeout_s)} :: {result.output.strip()[-200:]!r}")
+
+
+def _procs_with(marker: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "cmdline").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "hello.txt").write_text("hi\n")
+    sb = BwrapSandbox(ws, TIGHT)
+    yield sb
+    sb.close()
+
+
+def test_uid_is_dropped_and_the_sandbox_still_works(sandbox):
+    res = sandbox.run("id -u; echo data > made.txt; python -c 'print(2 + 2)'; cat hello.txt")
+    _report("uid drop", res)
+    assert res.exit_code == 0 and "4\n" in res.output and "hi" in res.output
+    assert (sandbox.workspace / "made.txt").read_text() == "data\n"
+    if os.geteuid() == 0:
+        assert bwrap_mode() == "setpriv"
+        assert res.output.split()[0] == str(SANDBOX_UID)
+        assert (sandbox.workspace / "made.txt").stat().st_uid == SANDBOX_UID
+        shadow = sandbox.run("cat /etc/shadow")
+        _report("read /etc/shadow", shadow)
+        assert shadow.exit_code != 0 and "Permission denied" in shadow.output
+
+
+def test_writes_outside_the_workspace_fail_and_the_host_is_unchanged(sandbox):
+    tag = uuid.uuid4().hex[:8]
+    home = Path(os.path.expanduser("~"))
+    targets = [Path("/etc") / f"crl_probe_{tag}", home / f"crl_probe_{tag}", REPO / f"crl_probe_{tag}",
+               Path("/tmp") / f"crl_probe_{tag}", sandbox.workspace.parent / f"crl_probe_{tag}"]
+    cmd = "; ".join(f"echo pwned > {t}" for t in targets[:3]) + f"; echo pwned > /tmp/crl_probe_{tag} && echo tmp-ok"
+    cmd += f"; echo pwned > ../crl_probe_{tag}; rm -rf /usr/bin/git 2>&1 | tail -1"
+    res = sandbox.run(cmd)
+    _report("write /etc, $HOME, checkout, /tmp, ../, rm /usr/bin/git", res)
+    assert "Read-only file system" in res.output or "No such file" in res.output
+    assert "tmp-ok" in res.output  # the private /tmp works, and vanishes with the command
+    assert not any(t.exists() for t in targets)
+    assert Path("/usr/bin/git").exists()
+
+
+def test_secret_files_outside_the_workspace_cannot_be_read(sandbox, tmp_path):
+    secret = f"S3CRET-{uuid.uuid4().hex}"
+    planted = [tmp_path / "secret.txt", REPO / f".crl_secret_probe_{secret[-6:]}"]
+    try:
+        for p in planted:
+            p.write_text(secret)
+            p.chmod(0o644)  # world-readable: only the mount layout protects it
+        res = sandbox.run("; ".join(f"cat {p}" for p in planted) + "; ls /root /work 2>&1; env")
+        _report("read planted secrets", res)
+        assert secret not in res.output and "No such file" in res.output
+        assert "OPENAI" not in res.output and "PYTEST_CURRENT_TEST" not in res.output  # host env is not passed on
+    finally:
+        for p in planted:
+            p.unlink(missing_ok=True)
+
+
+def test_network_connections_fail_even_to_a_loopback_server(sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(6)
+    port = server.getsockname()[1]
+    accepted: list = []
+
+    def accept():
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    res = sandbox.run(
+        f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)\" 2>&1 | tail -1; "
+        f"(echo hi > /dev/tcp/127.0.0.1/{port}) 2>&1; (echo hi > /dev/tcp/8.8.8.8/53) 2>&1; ip -brief link 2>&1"
+    )
+    server.close()
+    t.join(7)
+    _report("connect to loopback server / 8.8.8.8", res)
+    assert not accepted
+    assert "Connection refused" in res.output and "unreachable" in res.output
+
+
+def test_a_fork_bomb_is_capped_and_leaves_nothing_behind(sandbox):
+    marker = f"crlbomb{uuid.uuid4().hex[:6]}"
+    start = time.monotonic()
+    res = sandbox.run(f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived")
+    took = time.monotonic() - start
+    _report("fork bomb", res)
+    assert took < TIGHT.timeout_s + 3
+    assert "Resource temporarily unavailable" in res.output or res.timed_out
+    time.sleep(0.5)
+    assert _procs_with(marker) == []
+
+
+def test_a_memory_hog_gets_memory_error(sandbox):
+    res = sandbox.run("python -c 'x = []\nwhile True: x.append(bytearray(50 * 1024 * 1024))'")
+    _report("memory hog", res)
+    assert res.exit_code not in (0, None) and "MemoryError" in res.output
+
+
+def test_an_infinite_loop_is_stopped_by_the_cpu_limit_or_the_timeout(sandbox):
+    start = time.monotonic()
+    res = sandbox.run("while :; do :; done")
+    _report("infinite loop (CPU limit)", res)
+    assert time.monotonic() - start < TIGHT.timeout_s + 3
+    assert "SIGXCPU" in res.status_line() or res.timed_out
+    res = sandbox.run("sleep 100", timeout_s=1.0)
+    _report("sleep past the wall clock", res, 1.0)
+    assert res.timed_out and "wall-clock timeout" in res.status_line(1.0)
+
+
+def test_a_10_gb_file_is_stopped_by_the_file_size_limit(sandbox):
+    res = sandbox.run("head -c 10G /dev/zero > big.bin; ls -l big.bin; fallocate -l 10G big2.bin 2>&1; "
+                      "head -c 10G /dev/zero > /tmp/big.bin")
+    _report("write a 10 GB file", res)
+    assert "File size limit exceeded" in res.output
+    assert (sandbox.workspace / "big.bin").stat().st_size <= TIGHT.file_size_mb * 1024 * 1024
+    assert not (sandbox.workspace / "big2.bin").exists() or (sandbox.workspace / "big2.bin").stat().st_size == 0
+
+
+def test_background_processes_die_with_the_command_and_the_episode(sandbox):
+    marker = f"crlbg{uuid.uuid4().hex[:6]}"
+    res = sandbox.run(f"(setsid nohup bash -c 'exec -a {marker} sleep 300' >/dev/null 2>&1 &); "
+                      f"nohup bash -c 'while :; do sleep 1; done # {marker}' >/dev/null 2>&1 & echo started")
+    _report("leave background processes", res)
+    assert "started" in res.output and res.duration_s < 5
+    time.sleep(0.5)
+    assert _procs_with(marker) == []
+    env = gym.make("crl/SWE-Mini-v0")
+    env.reset(seed=0)
+    env.step(f"nohup bash -c 'sleep 300 # {marker}' >/dev/null 2>&1 &")
+    env.close()
+    time.sleep(0.5)
+    assert _procs_with(marker) == []
+
+
+def _grade_keeping_dir(monkeypatch, tmp_path, inst, patch):
+    eval_dirs: list[Path] = []
+    real_mkdtemp = grading_mod.tempfile.mkdtemp
+
+    def mkdtemp(prefix=""):
+        d = Path(real_mkdtemp(prefix=prefix, dir=tmp_path))
+        eval_dirs.append(d)
+        return str(d)
+
+    monkeypatch.setattr(grading_mod.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(grading_mod.shutil, "rmtree", lambda *a, **k: None)
+    g = grading_mod.grade_patch(inst, patch, source=find_repo_source(inst, bundled_repos_dir()), limits=TIGHT)
+    return g, eval_dirs[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "patch"),
+    [
+        ("dotdot", "diff --git a/../escape.txt b/../escape.txt\nnew file mode 100644\n--- /dev/null\n"
+                   "+++ b/../escape.txt\n@@ -0,0 +1 @@\n+pwned\n"),
+        ("absolute", "--- /dev/null\n+++ /tmp/crl_abs_escape.txt\n@@ -0,0 +1 @@\n+pwned\n"),
+        ("symlink", "diff --git a/evil b/evil\nnew file mode 120000\n--- /dev/null\n+++ b/evil\n@@ -0,0 +1 @@\n"
+                    "+..\n\\ No newline at end of file\ndiff --git a/evil/escape.txt b/evil/escape.txt\n"
+                    "new file mode 100644\n--- /dev/null\n+++ b/evil/escape.txt\n@@ -0,0 +1 @@\n+pwned\n"),
+    ],
+)
+def test_path_tricks_in_a_patch_cannot_escape_the_checkout(monkeypatch, tmp_path, name, patch):
+    inst = bundled_instances()[0]
+    g, eval_dir = _grade_keeping_dir(monkeypatch, tmp_path, inst, patch)
+    print(f"\nSECURITY patch path trick ({name}): applied={g.patch_applied} resolved={g.resolved} "
+          f"log={g.log.strip().splitlines()[:3]!r}")
+    assert not g.resolved
+    assert sorted(p.name for p in eval_dir.iterdir()) == ["patches", "repo", "test_output.txt"]
+    assert not (tmp_path / "escape.txt").exists() and not Path("/tmp/crl_abs_escape.txt").exists()
+    assert not (eval_dir / "escape.txt").exists() and not (eval_dir / "patches" / "escape.txt").exists()
+
+
+def test_a_poisoned_git_config_in_the_workspace_never_runs_on_the_host(tmp_path):
+    marker = Path("/tmp") / f"crl_fsmonitor_{uuid.uuid4().hex[:8]}"
+    env = gym.make("crl/SWE-Mini-v0")
+    env.reset(seed=0)
+    obs, *_ = env.step(f"git config core.fsmonitor 'touch {marker}; false' && "
+                       f"printf '#!/bin/sh\\ntouch {marker}\\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit"
+                       " && ln -s /etc/shadow leak && echo poisoned")
+    assert "poisoned" in obs
+    obs, reward, term, trunc, info = env.step("submit")
+    env.close()
+    print(f"\nSECURITY poisoned .git/config + symlink to /etc/shadow: reward={reward} patch="
+          f"{info['model_patch'][:120]!r}")
+    assert term and reward == 0 and not marker.exists()
+    assert "leak" in info["model_patch"] and "root:" not in info["model_patch"]
