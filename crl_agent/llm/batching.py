@@ -56,9 +56,9 @@ class RequestBatcher(Generic[R, T]):
         self.max_wait_s = max_wait_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue | None = None
-        self._task: asyncio.Task | None = None
+        # One queue and serving task per event loop (a backend may serve several loops, e.g. an
+        # HTTP server's loop and a test's asyncio.run); all of them share the one worker thread.
+        self._workers: dict[asyncio.AbstractEventLoop, tuple[asyncio.Queue, asyncio.Task]] = {}
         self._closed = False
         self.stats = BatchStats()
 
@@ -68,12 +68,12 @@ class RequestBatcher(Generic[R, T]):
             raise RuntimeError("the backend is closed")
         loop = asyncio.get_running_loop()
         with self._lock:
-            # One batcher task per event loop: a backend reused across asyncio.run() calls restarts it.
-            if self._loop is not loop or self._task is None or self._task.done():
-                self._loop = loop
-                self._queue = asyncio.Queue()
-                self._task = loop.create_task(self._serve(self._queue), name="llm-batcher")
-            queue = self._queue
+            for other in [lp for lp in self._workers if lp.is_closed()]:
+                del self._workers[other]
+            queue, task = self._workers.get(loop, (None, None))
+            if queue is None or task is None or task.done():
+                queue = asyncio.Queue()
+                self._workers[loop] = (queue, loop.create_task(self._serve(queue), name="llm-batcher"))
         fut: asyncio.Future = loop.create_future()
         await queue.put((request, fut))
         return await fut
@@ -116,17 +116,25 @@ class RequestBatcher(Generic[R, T]):
                     fut.set_result(res)
 
     async def aclose(self) -> None:
-        """Stop the batcher task and the worker thread (a running batch finishes first)."""
+        """Stop the serving tasks and the worker thread; queued requests fail (a running batch finishes)."""
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            if task.get_loop() is asyncio.get_running_loop():
+        current = asyncio.get_running_loop()
+        with self._lock:
+            workers, self._workers = self._workers, {}
+        for loop, (queue, task) in workers.items():
+            if loop is current:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        queue, self._queue = self._queue, None
-        while queue is not None and not queue.empty():
+                self._fail_queued(queue)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(task.cancel)
+                loop.call_soon_threadsafe(self._fail_queued, queue)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    @staticmethod
+    def _fail_queued(queue: asyncio.Queue) -> None:
+        while not queue.empty():
             _, fut = queue.get_nowait()
             if not fut.done():
                 fut.set_exception(RuntimeError("the backend was closed before this request ran"))
-        self._executor.shutdown(wait=False, cancel_futures=True)

