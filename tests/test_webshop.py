@@ -276,6 +276,17 @@ def test_search_page_shows_the_instruction_and_suggests_one_search():
     assert info["goal_index"] == 0 and env.reset(seed=7)[1]["goal_index"] == 7
 
 
+def test_seed_indexes_the_split_and_unseeded_resets_draw_from_np_random():
+    env = _env()
+    goals = env.unwrapped.goals
+    assert env.reset(seed=503)[1]["task"] == goals[3].instruction_text  # seed mod len(split)
+    assert env.reset(options={"goal_index": 42})[1]["goal_index"] == 42
+    env.reset(seed=11)
+    drawn = [env.reset()[1]["goal_index"] for _ in range(5)]
+    env.reset(seed=11)
+    assert [env.reset()[1]["goal_index"] for _ in range(5)] == drawn and len(set(drawn)) > 1
+
+
 def test_results_paginate_ten_at_a_time_with_next_and_prev():
     env = _env()
     env.reset(seed=1)
