@@ -307,3 +307,34 @@ def test_search_errors_reach_the_caller_and_the_service_survives(bank):
         await m.aclose()
 
     run(main())
+
+
+def test_a_real_tiny_transformers_backend_serves_as_extractor(bank, tmp_path):
+    """Random weights write noise: every call is logged with real token ids and log-probs, and the
+    unusable output is counted, not applied."""
+    pytest.importorskip("torch")
+    tiny = pytest.importorskip("crl_agent.llm.tiny", reason="the transformers backend has not landed")
+    from crl_agent.llm import make_llm
+    from crl_agent.llm.base import SamplingParams as SP
+
+    path = tiny.build_tiny_chat_model(tmp_path / "tiny")
+    llm = make_llm("transformers", model=str(path))
+    cfg = ManagerConfig(merge_every=0, max_trajectory_chars=300, distil_params=SP(max_tokens=8, temperature=1.0),
+                        answer_params=SP(max_tokens=8, temperature=1.0))
+    bank.add(TASK, "Corners", "If a box is in a corner, then restart.")
+
+    async def main():
+        m = ExperienceManager(bank, llm, cfg, log_path=tmp_path / "calls.jsonl")
+        m.submit(traj(0))
+        ans = await m.ask("corner?", task=TASK)
+        await m.flush()
+        await m.aclose()
+        await llm.aclose()
+        return m, ans
+
+    m, ans = run(main())
+    assert m.stats["distillations"] == 1 and m.stats["malformed"] == 1 and ans.answer
+    calls = load_samples(tmp_path / "calls.jsonl", bank)
+    assert sorted(s.kind for s in calls) == ["answer", "distil"]
+    assert all(0 < len(s.token_ids) == len(s.logprobs) <= 8 and s.prompt_token_ids for s in calls)
+    assert [e.title for e in bank.entries()] == ["Corners"] and bank.check_consistency() == []

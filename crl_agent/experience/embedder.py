@@ -118,7 +118,8 @@ class SentenceTransformerEmbedder(Embedder):
         self.model_name = "all-MiniLM-L6-v2" if model is None else model
         self.name = "minilm" if model is None else f"st:{model}"
         self._model = SentenceTransformer(path, device=device)
-        self.dim = int(self._model.get_sentence_embedding_dimension())
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
         self.batch_size = batch_size
         self.prompt_name = prompt_name
         self._lock = threading.Lock()  # torch modules are not safe to call from several threads at once
