@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +21,12 @@ import crl_envs  # noqa: F401
 pytest.importorskip("swebench")
 if shutil.which("bwrap") is None:
     pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)", allow_module_level=True)
+try:
+    from crl_envs.swe.sandbox import bwrap_mode
+
+    bwrap_mode()
+except RuntimeError as _e:  # bwrap installed but namespaces are not allowed here
+    pytest.skip(str(_e), allow_module_level=True)
 
 from crl_envs.swe import grading as grading_mod  # noqa: E402
 from crl_envs.swe.bundled import bundled_instances, bundled_repos_dir  # noqa: E402
@@ -67,9 +72,9 @@ def test_uid_is_dropped_and_the_sandbox_still_works(sandbox):
         assert bwrap_mode() == "setpriv"
         assert res.output.split()[0] == str(SANDBOX_UID)
         assert (sandbox.workspace / "made.txt").stat().st_uid == SANDBOX_UID
-        shadow = sandbox.run("cat /etc/shadow")
-        _report("read /etc/shadow", shadow)
-        assert shadow.exit_code != 0 and "Permission denied" in shadow.output
+    shadow = sandbox.run("cat /etc/shadow; ls /etc/ssh | wc -l")
+    _report("read /etc/shadow", shadow)
+    assert "root:" not in shadow.output and shadow.output.split()[-1] == "0"
 
 
 def test_writes_outside_the_workspace_fail_and_the_host_is_unchanged(sandbox):
@@ -106,27 +111,17 @@ def test_secret_files_outside_the_workspace_cannot_be_read(sandbox, tmp_path):
 def test_network_connections_fail_even_to_a_loopback_server(sandbox):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(6)
+    server.listen(8)
     port = server.getsockname()[1]
-    accepted: list = []
-
-    def accept():
-        try:
-            accepted.append(server.accept())
-        except OSError:
-            pass
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
     res = sandbox.run(
         f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)\" 2>&1 | tail -1; "
         f"(echo hi > /dev/tcp/127.0.0.1/{port}) 2>&1; (echo hi > /dev/tcp/8.8.8.8/53) 2>&1; ip -brief link 2>&1"
     )
+    server.setblocking(False)
+    with pytest.raises(BlockingIOError):  # a completed handshake would be waiting in the backlog
+        server.accept()
     server.close()
-    t.join(7)
     _report("connect to loopback server / 8.8.8.8", res)
-    assert not accepted
     assert "Connection refused" in res.output and "unreachable" in res.output
 
 
@@ -235,3 +230,20 @@ def test_a_poisoned_git_config_in_the_workspace_never_runs_on_the_host(tmp_path)
           f"{info['model_patch'][:120]!r}")
     assert term and reward == 0 and not marker.exists()
     assert "leak" in info["model_patch"] and "root:" not in info["model_patch"]
+
+
+def test_the_user_namespace_fallback_also_drops_uid_and_hides_secrets(tmp_path, monkeypatch):
+    from crl_envs.swe import sandbox as sandbox_mod
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    # what runs where bwrap may not mount as real root (e.g. some containers)
+    monkeypatch.setattr(sandbox_mod, "bwrap_mode", lambda: "userns")
+    sb = BwrapSandbox(ws, TIGHT)
+    probe = sb.run("true")
+    if probe.exit_code != 0:
+        pytest.skip(f"user namespaces are not available here: {probe.output.strip()}")
+    res = sb.run("id -u; echo ok > made.txt && cat made.txt; cat /etc/shadow; ls /root; echo x > /etc/x")
+    _report("userns fallback", res)
+    assert res.output.split()[:2] == [str(SANDBOX_UID), "ok"]
+    assert "root:" not in res.output and "Read-only file system" in res.output

@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from crl_envs.core import MAX_OBS_CHARS, InvalidAction, StepOutcome, TextEnv
+from crl_envs.core import MAX_ACTION_CHARS, MAX_OBS_CHARS, InvalidAction, StepOutcome, TextEnv
 from crl_envs.swe.grading import GradeResult, grade_patch
 from crl_envs.swe.instances import SWEInstance, checkout, find_repo_source, git, load_instances
 from crl_envs.swe.sandbox import Limits, Sandbox, bwrap_mode, default_sandbox_kind, make_sandbox
@@ -257,10 +257,13 @@ class SWEEnv(TextEnv):
         if not self._oracle_plan:
             b64 = base64.b64encode(self._inst.patch.encode()).decode()
             store = ".git/crl_gold.b64"
-            plan = [f"git reset -q --hard {self._inst.base_commit} && git clean -fdxq && rm -f {store}"]
-            plan += [f"printf '%s' '{b64[i:i + _ORACLE_CHUNK]}' >> {store}" for i in range(0, len(b64), _ORACLE_CHUNK)]
-            plan += [f"base64 -d {store} > .git/crl_gold.patch && git apply .git/crl_gold.patch && "
-                     f"rm -f {store} .git/crl_gold.patch && git status --short", SUBMIT]
+            steps = [f"git reset -q --hard {self._inst.base_commit} && git clean -fdxq && rm -f {store}"]
+            steps += [f"printf '%s' '{b64[i:i + _ORACLE_CHUNK]}' >> {store}" for i in range(0, len(b64), _ORACLE_CHUNK)]
+            steps += [f"base64 -d {store} > .git/crl_gold.patch && git apply .git/crl_gold.patch && "
+                      f"rm -f {store} .git/crl_gold.patch && git status --short"]
+            joined = " && ".join(f"{{ {s}; }}" for s in steps)
+            plan = [joined] if len(joined) <= MAX_ACTION_CHARS else steps  # one command when it fits
+            plan.append(SUBMIT)
             self._oracle_plan = plan
         return self._oracle_plan.pop(0)
 

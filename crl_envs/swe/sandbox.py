@@ -30,6 +30,8 @@ from pathlib import Path
 
 SANDBOX_UID = 65534
 WORKDIR = "/workspace"
+_HIDDEN_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/machine-id")
+_HIDDEN_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
 _SIGNAL_HINTS = {
     "SIGXCPU": "CPU time limit reached",
     "SIGXFSZ": "file size limit reached",
@@ -331,6 +333,12 @@ class BwrapSandbox(Sandbox):
         made: set[str] = {"/"}
         for src in ("/usr", "/etc", *python_prefixes(self.python)):
             args += _parents(src, made) + ["--ro-bind", src, src]
+        for secret in _HIDDEN_FILES:  # in the userns fallback root-owned files would be readable
+            if os.path.isfile(secret):
+                args += ["--ro-bind", "/dev/null", secret]
+        for secret_dir in _HIDDEN_DIRS:
+            if os.path.isdir(secret_dir):
+                args += ["--tmpfs", secret_dir]
         for host, inside in self.mounts.items():
             args += _parents(inside, made) + ["--ro-bind", host, inside]
         lim = self.limits
