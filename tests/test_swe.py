@@ -129,6 +129,23 @@ def test_malformed_instance_files_name_the_file_and_field(insts, tmp_path, conte
     assert str(path) in str(err.value)
 
 
+def test_test_commands_parsers_images_and_layouts_for_real_repos(insts):
+    from crl_envs.swe.docker_sandbox import instance_image
+    from crl_envs.swe.env import render_layout
+
+    patch = "diff --git a/tests/m/test_x.py b/tests/m/test_x.py\n--- a/tests/m/test_x.py\n+++ b/tests/m/test_x.py\n"
+    django = replace(insts[0], instance_id="django__django-11099", repo="django/django", test_patch=patch,
+                     test_cmd="", log_parser="")
+    assert django.test_command().startswith("./tests/runtests.py") and django.test_command().endswith(" m.test_x")
+    assert django.parser_name == "parse_log_django"
+    assert instance_image(django) == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    flask = replace(django, repo="pallets/flask")
+    assert flask.test_command() == "python -m pytest -rA -p no:cacheprovider tests/m/test_x.py"
+    paths = [f"pkg{i % 7}/sub{i % 3}/mod{i}.py" for i in range(500)]
+    layout = render_layout(paths, "a" * 40)
+    assert "(500 tracked files)" in layout and "pkg0/sub0/  (" in layout and len(layout.splitlines()) <= 61
+
+
 def test_repositories_resolve_from_bundles_and_mirrors_with_a_clear_error_otherwise(insts, tmp_path):
     inst = insts[0]
     src = find_repo_source(inst, bundled_repos_dir())
@@ -211,6 +228,7 @@ def test_observation_holds_issue_layout_and_last_command_output():
     assert info["task"].splitlines()[0] in obs and "README.md" in obs and "tests/" in obs
     obs, reward, term, trunc, info = env.step("echo hello && ls tests && exit 3")
     assert "$ echo hello" in obs and "hello\n" in obs and "[exit code 3]" in obs and info["valid_action"]
+    assert "(step 1/30)" in obs
     assert info["task"].splitlines()[0] in obs and not term
     env.close()
 

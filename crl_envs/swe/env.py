@@ -195,8 +195,8 @@ class SWEEnv(TextEnv):
         return StepOutcome(self._render(text), info={"exit_code": res.exit_code, "timed_out": res.timed_out})
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = super().step(action)
         self._steps += 1
+        obs, reward, terminated, truncated, info = super().step(action)
         if not terminated and not self._done and self._inst is not None and self._steps >= self._max_steps:
             outcome = self._submit("step limit reached")
             self._success, self._progress, self._done = outcome.success, outcome.progress, True
