@@ -1,0 +1,175 @@
+"""Run one command with a deadline, rlimits and bounded, safely decoded output."""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crl_envs.swe.sandbox import Limits
+
+_SIGNAL_HINTS = {
+    "SIGXCPU": "CPU time limit reached",
+    "SIGXFSZ": "file size limit reached",
+    "SIGKILL": "killed",
+    "SIGSEGV": "segmentation fault (often the memory limit)",
+}
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did."""
+
+    output: str
+    exit_code: int | None
+    timed_out: bool = False
+    output_truncated: bool = False
+    duration_s: float = 0.0
+    error: str = ""
+
+    def status_line(self, timeout_s: float | None = None) -> str:
+        """A one-line summary such as ``[exit code 0]`` or ``[killed: wall-clock timeout ...]``."""
+        if self.error:
+            return f"[error: {self.error}]"
+        if self.timed_out:
+            limit = f" of {timeout_s:g} s" if timeout_s else ""
+            return f"[killed: wall-clock timeout{limit}; the command and all its processes were stopped]"
+        code = self.exit_code
+        if code is not None and code < 0:
+            code = 128 - code
+        if code is not None and code > 128:
+            try:
+                name = signal.Signals(code - 128).name
+            except ValueError:
+                name = f"signal {code - 128}"
+            return f"[exit code {code}: {name}, {_SIGNAL_HINTS.get(name, 'terminated by a signal')}]"
+        return f"[exit code {code}]"
+
+
+def clean_text(data: bytes) -> str:
+    """Decode command output safely: invalid UTF-8 and control characters become U+FFFD."""
+    text = data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+    bad = {c: "\ufffd" for c in range(32) if c not in (9, 10)}
+    bad[127] = "\ufffd"
+    return text.translate(bad)
+
+
+class _BoundedOutput:
+    """Keeps the first and last bytes of a stream and counts the rest."""
+
+    def __init__(self, limit: int):
+        self.head_limit = max(1, limit * 3 // 4)
+        self.tail_limit = max(1, limit - self.head_limit)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > self.tail_limit:
+                del self.tail[: len(self.tail) - self.tail_limit]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail)
+
+    def text(self) -> str:
+        if not self.truncated:
+            return clean_text(bytes(self.head + self.tail))
+        dropped = self.total - len(self.head) - len(self.tail)
+        return (
+            clean_text(bytes(self.head))
+            + f"\n[... {dropped:,} bytes of output truncated ({self.total:,} in total) ...]\n"
+            + clean_text(bytes(self.tail))
+        )
+
+
+def run_bounded(
+    argv: list[str],
+    *,
+    timeout_s: float,
+    output_bytes: int,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    limits: Limits | None = None,
+) -> CommandResult:
+    """Run ``argv`` in a new session with a deadline, rlimits and bounded output.
+
+    On timeout the whole process group is killed with SIGKILL. Never raises for a failing
+    command; an ``OSError`` starting it is reported in ``error``.
+    """
+    start = time.monotonic()
+    preexec = functools.partial(_apply_rlimits, limits) if limits is not None else None
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return CommandResult("", None, error=f"could not start the command: {e}")
+    out = _BoundedOutput(output_bytes)
+    timed_out = False
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            remaining = start + timeout_s - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            if not sel.select(min(remaining, 1.0)):
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            out.feed(chunk)
+    if not timed_out:
+        try:
+            proc.wait(timeout=max(0.0, start + timeout_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    if timed_out:
+        kill_group(proc)
+    proc.stdout.close()
+    code = proc.wait()
+    return CommandResult(
+        out.text(), None if timed_out else code, timed_out, out.truncated, time.monotonic() - start
+    )
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group that ``proc`` leads (bwrap's children die with it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+
+
+def _apply_rlimits(limits: Limits) -> None:  # runs in the child between fork and exec
+    mib = 1024 * 1024
+    for res, soft, hard in (
+        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),  # SIGXCPU first, SIGKILL a second later
+        (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
+        (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
+        (resource.RLIMIT_NPROC, limits.nproc, limits.nproc),
+        (resource.RLIMIT_CORE, 0, 0),
+    ):
+        resource.setrlimit(res, (soft, hard))
