@@ -165,3 +165,66 @@ def test_one_env_over_many_episodes_matches_fresh_envs():
         fresh = gym.make("crl/MiniHack-KeyRoom-S5-v0")
         assert play(fresh, s) == got[s]
         fresh.close()
+
+
+def _synthetic_obs(rows: list[str], descs: dict[str, str]) -> dict:
+    """A NetHack-like observation of ``rows`` (top-left of the screen); ``descs`` per symbol."""
+    import numpy as np
+
+    chars = np.full((21, 79), ord(" "), np.uint8)
+    sd = np.zeros((21, 79, 80), np.uint8)
+    for r, row in enumerate(rows):
+        for c, ch in enumerate(row):
+            chars[r, c] = ord(ch)
+            d = descs.get(ch, "").encode()
+            sd[r, c, :len(d)] = list(d)
+    (y, x), = zip(*np.nonzero(chars == ord("@")), strict=True)
+    blstats = np.zeros(27, np.int64)
+    blstats[0], blstats[1] = x, y
+    return {"chars": chars, "screen_descriptions": sd, "blstats": blstats, "message": np.zeros(256, np.uint8),
+            "inv_strs": np.zeros((55, 80), np.uint8), "inv_letters": np.zeros(55, np.uint8)}
+
+
+ROOM = {".": "floor of a room", "@": "human rogue called Agent", ">": "staircase down", "-": "wall",
+        "|": "wall", "^": "teleportation trap"}
+
+
+@pytest.mark.parametrize(("monster", "expected"), [("jackal", "east"), ("peaceful jackal", "west")])
+def test_planner_attacks_an_adjacent_hostile_monster_but_not_a_peaceful_one(monster, expected):
+    from crl_envs.minihack.solver import MiniHackPlanner
+
+    rows = ["-------",
+            "|.....|",
+            "|>..@d|",
+            "|.....|",
+            "-------"]
+    assert MiniHackPlanner().act(_synthetic_obs(rows, {**ROOM, "d": monster}), "") == expected
+
+
+def test_planner_walks_to_a_near_staircase_before_fighting():
+    from crl_envs.minihack.solver import MiniHackPlanner
+
+    rows = ["-----",
+            "|.>.|",
+            "|.@d|",
+            "-----"]
+    assert MiniHackPlanner().act(_synthetic_obs(rows, {**ROOM, "d": "jackal"}), "") == "north"
+
+
+def test_planner_routes_around_known_traps():
+    from crl_envs.minihack.solver import MiniHackPlanner
+
+    rows = ["-----",
+            "|...|",
+            "|@^>|",
+            "|...|",
+            "-----"]
+    assert MiniHackPlanner().act(_synthetic_obs(rows, ROOM), "") in ("northeast", "southeast")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id", MINIHACK_IDS)
+def test_oracle_success_rate_on_every_task(env_id):
+    wins = sum(_play_oracle(env_id, s)[0] for s in range(10))
+    hazardous = "Monster" in env_id or "Ultimate" in env_id  # monsters can kill the planner
+    assert wins >= (8 if hazardous else 10), f"{env_id}: oracle won {wins}/10"

@@ -39,14 +39,20 @@ class MiniHackTextEnv(TextEnv):
     ``UnicodeText``: a named action valid in this task (``north``, ``east``, ..., ``northwest``;
     plus ``pickup`` and ``apply`` in KeyRoom), listed in ``info["admissible_actions"]``. When
     NetHack asks a question (e.g. "What do you want to use or apply? [f or ?*]" or "In what
-    direction?"), answer with an item letter (``f``), ``y``/``n``, or a direction name;
-    ``escape`` cancels the question. "--More--" prompts are continued automatically. Anything
-    else is an invalid move with feedback.
+    direction?"), answer with an item letter (``f``, as listed in the inventory), ``y``/``n``,
+    or a direction name; ``escape`` cancels the question. Single letters are only accepted
+    while a question is pending. Example (KeyRoom): ``apply`` -> ``g`` -> ``west``.
+    "--More--" prompts are continued automatically (their messages are kept) and requests
+    for typed text are cancelled, so no prompt ever stalls an episode. Anything else is an
+    invalid move with feedback.
 
     ## Observation Space
-    ``UnicodeText``: the goal, NetHack's message, the map (trimmed to the dungeon area), the
-    status lines, your position and HP, a legend of the symbols on screen (from NetHack's own
-    screen descriptions), the inventory (KeyRoom), and a pending question if any.
+    ``UnicodeText``: the goal, NetHack's messages since the last action, the map (trimmed to
+    the dungeon area), the status lines, your position (row/column within the shown map)
+    and HP, a legend of the symbols on the map (from NetHack's own screen descriptions), the
+    inventory as ``letter - item`` (KeyRoom), a pending question if any, and the actions.
+    NetHack clears its screen when the game ends, so the last observation gives the goal,
+    the messages and the outcome ("You reached the goal." / "You died.").
 
     ## Starting State
     MiniHack's generated level for the seed. ``reset(seed=...)`` seeds NetHack's core and

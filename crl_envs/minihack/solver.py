@@ -5,7 +5,8 @@ is visible, explores the nearest unvisited frontier when it is not (Dark rooms, 
 and in KeyRoom picks up the key, walks next to the locked door, applies the key toward it,
 opens it and goes on.
 
-Hazards: paths avoid known traps (``^``) and monsters when they can. A hostile monster
+Hazards: paths keep off known traps (``^``), monsters and the cells next to hostile
+monsters when they can (then off traps and monsters only, then anything). A hostile monster
 next to us is attacked (walking into it) unless the staircase is within a step or two:
 in NetHack a monster as fast as we are gets free hits on a fleeing player, so fighting
 first costs fewer hit points than walking on. Peaceful monsters are never attacked.
@@ -42,7 +43,7 @@ class MiniHackPlanner:
         self.pending_door: tuple[int, int] | None = None
         self.pending_dir: str | None = None
         self.doors: set[tuple[int, int]] = set()  # remembered, since the @ hides the door we stand in
-        self.avoid: set[tuple[int, int]] = set()  # known traps and monsters, for this step's paths
+        self.avoid: list[set[tuple[int, int]]] = []  # cells to keep off, most cautious first (this step)
 
     def _passable(self, obs, r: int, c: int) -> bool:
         ch = int(obs["chars"][r, c])
@@ -70,7 +71,7 @@ class MiniHackPlanner:
 
     def _path(self, obs, start, goals: set[tuple[int, int]]) -> tuple[str | None, int]:
         """First move and length of a shortest path, around hazards when possible."""
-        for avoid in (self.avoid, set()):
+        for avoid in (*self.avoid, set()):
             move, dist = self._bfs(obs, start, goals, avoid)
             if move:
                 return move, dist
@@ -130,7 +131,8 @@ class MiniHackPlanner:
                 return "y"
             return "escape"
         hazards = self._hazards(obs, me)
-        self.avoid = set(hazards)
+        near = {(r + dr, c + dc) for (r, c), hostile in hazards.items() if hostile for dr, dc in DIRS.values()}
+        self.avoid = [set(hazards) | near, set(hazards)]
         stairs = {(int(r), int(c)) for r, c in zip(*np.nonzero(chars == ord(">")), strict=True)}
         goal_move, goal_dist = self._path(obs, me, stairs)
         if goal_move and goal_dist <= _GOAL_RUSH:
