@@ -88,7 +88,7 @@ def bench_grading(reps: int) -> None:
         episodes.append(time.perf_counter() - t)
         assert reward == 1.0
     env.close()
-    print(f"oracle episode (reset, 3 commands, submit + grading): p50 {statistics.median(episodes):.2f} s")
+    print(f"oracle episode (reset, one command applying the gold patch, submit + grading): p50 {statistics.median(episodes):.2f} s")
 
 
 def main() -> None:
