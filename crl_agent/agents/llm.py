@@ -67,8 +67,11 @@ class ParsedReply:
 
 
 def _clean(candidate: str) -> str:
-    text = candidate.strip().strip(_DECOR).strip()
-    return text[:-1].rstrip() if text.endswith(".") and len(text) > 1 else text
+    """Strip quotes, backticks, markdown emphasis and trailing periods, repeatedly."""
+    text, prev = candidate.strip(), None
+    while text != prev:
+        prev, text = text, text.strip(_DECOR).rstrip(".!").strip()
+    return text
 
 
 def _canonical(candidate: str, admissible: list[str] | None) -> str:

@@ -133,8 +133,13 @@ class OpenAILLM(LLM):
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
-        if client is not None:
+        loop, self._client_loop = self._client_loop, None
+        if client is None or loop is None or loop.is_closed():
+            return  # connections of a finished event loop are already gone
+        if loop is asyncio.get_running_loop():
             await client.aclose()
+        else:
+            asyncio.run_coroutine_threadsafe(client.aclose(), loop)
 
     # ----------------------------------------------------------------- helpers
     async def _default_model(self) -> str:
