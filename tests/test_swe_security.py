@@ -247,3 +247,21 @@ def test_the_user_namespace_fallback_also_drops_uid_and_hides_secrets(tmp_path, 
     _report("userns fallback", res)
     assert res.output.split()[:2] == [str(SANDBOX_UID), "ok"]
     assert "root:" not in res.output and "Read-only file system" in res.output
+
+
+def test_filling_the_disk_with_many_files_is_stopped_and_ends_the_episode(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    sb = BwrapSandbox(ws, Limits(timeout_s=20, file_size_mb=16, disk_mb=64))
+    res = sb.run("for i in $(seq 1000); do head -c 16M /dev/zero > f$i; sleep 0.05; done")
+    _report("fill the disk with 16 MB files", res)
+    written = sum(f.stat().st_size for f in ws.iterdir())
+    assert "disk quota" in res.status_line() and written < 400 * 1024 * 1024 and res.duration_s < 15
+    env = gym.make("crl/SWE-Mini-v0", limits={"disk_mb": 32, "file_size_mb": 16})
+    env.reset(seed=0)
+    workdir = env.unwrapped._workdir
+    obs, reward, term, trunc, info = env.step("for i in 1 2 3 4; do head -c 16M /dev/zero > f$i; done; echo wrote")
+    print(f"\nSECURITY disk quota in the env: term={term} reward={reward} :: {obs.split('# How to act')[0][-160:]!r}")
+    assert term and reward == 0 and info["disk_quota_exceeded"] and "disk quota" in obs
+    assert not workdir.exists()
+    env.close()

@@ -14,7 +14,7 @@ from typing import Any
 from crl_envs.core import MAX_ACTION_CHARS, MAX_OBS_CHARS, InvalidAction, StepOutcome, TextEnv
 from crl_envs.swe.grading import GradeResult, grade_patch
 from crl_envs.swe.instances import SWEInstance, checkout, find_repo_source, git, load_instances
-from crl_envs.swe.sandbox import Limits, Sandbox, bwrap_mode, default_sandbox_kind, make_sandbox
+from crl_envs.swe.sandbox import Limits, Sandbox, bwrap_mode, default_sandbox_kind, free_bytes, make_sandbox
 
 SUBMIT = "submit"
 ISSUE_CHARS = 8000
@@ -58,8 +58,9 @@ class SWEEnv(TextEnv):
     test passes), else 0.
 
     ## Episode End
-    Terminates on ``submit``. At ``max_episode_steps`` the current diff is graded as if
-    submitted and the episode is truncated.
+    Terminates on ``submit``, or (ungraded, reward 0) when the workspace outgrows its disk quota
+    (``limits["disk_mb"]``). At ``max_episode_steps`` the current diff is graded as if submitted
+    and the episode is truncated.
 
     ## Information
     ``task`` (the issue), ``admissible_actions`` (``None``), ``valid_action``, ``success``
@@ -136,6 +137,7 @@ class SWEEnv(TextEnv):
         self._sandbox: Sandbox | None = None
         self._workdir: Path | None = None
         self._cleanup: weakref.finalize | None = None
+        self._free_at_open = 0
         self._layout = ""
         self._steps = 0
         self._max_steps = int(max_steps)
@@ -174,6 +176,7 @@ class SWEEnv(TextEnv):
             repo = checkout(find_repo_source(inst, self.repos_dir), inst.base_commit, self._workdir / "repo")
             listing = git("ls-tree", "-r", "--name-only", inst.base_commit, cwd=repo)
             self._sandbox = make_sandbox(self.sandbox_kind, repo, self.limits, python=self.python)
+            self._free_at_open = free_bytes(self._workdir)
         self._layout = render_layout(listing.split("\n"), inst.base_commit)
 
     def normalize_action(self, action: str) -> str:
@@ -192,7 +195,22 @@ class SWEEnv(TextEnv):
             output = f"{output[:keep]}\n[... {len(output) - 2 * keep:,} characters truncated ...]\n{output[-keep:]}"
         text = f"$ {_clip(action, 2000)}\n{output}{'' if output.endswith(chr(10)) or not output else chr(10)}"
         text += res.status_line(self.limits.timeout_s)
-        return StepOutcome(self._render(text), info={"exit_code": res.exit_code, "timed_out": res.timed_out})
+        info = {"exit_code": res.exit_code, "timed_out": res.timed_out}
+        if self._over_disk_quota():
+            self._teardown()  # free the disk now
+            text += (f"\nThe workspace grew past its disk quota ({self.limits.disk_mb} MiB); it was deleted and the "
+                     "episode is over (not graded).")
+            return StepOutcome(self._render(text), terminated=True, info={**info, "disk_quota_exceeded": True})
+        return StepOutcome(self._render(text), info=info)
+
+    def _over_disk_quota(self) -> bool:
+        """Whether the workspace outgrew ``limits.disk_mb`` (walked only when the filesystem filled up)."""
+        if self._workdir is None or self._sandbox is None:
+            return False
+        quota = self.limits.disk_mb * 1024 * 1024
+        if self._free_at_open - free_bytes(self._workdir) <= quota:
+            return False
+        return self._sandbox.workspace_bytes() > quota
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._steps += 1

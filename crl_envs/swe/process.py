@@ -9,12 +9,14 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from crl_envs.swe.sandbox import Limits
 
+_WATCH_EVERY_S = 0.25
 _SIGNAL_HINTS = {
     "SIGXCPU": "CPU time limit reached",
     "SIGXFSZ": "file size limit reached",
@@ -105,11 +107,14 @@ def run_bounded(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     limits: Limits | None = None,
+    watch: Callable[[], str] | None = None,
 ) -> CommandResult:
     """Run ``argv`` in a new session with a deadline, rlimits and bounded output.
 
-    On timeout the whole process group is killed with SIGKILL. Never raises for a failing
-    command; an ``OSError`` starting it is reported in ``error``.
+    On timeout the whole process group is killed with SIGKILL. ``watch`` is polled a few
+    times a second while the command runs; a non-empty answer kills the command and becomes
+    its ``error``. Never raises for a failing command; an ``OSError`` starting it is reported
+    in ``error``.
     """
     start = time.monotonic()
     preexec = functools.partial(_apply_rlimits, limits) if limits is not None else None
@@ -122,32 +127,45 @@ def run_bounded(
         return CommandResult("", None, error=f"could not start the command: {e}")
     out = _BoundedOutput(output_bytes)
     timed_out = False
+    stopped = ""
+    next_watch = start + _WATCH_EVERY_S
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while True:
-            remaining = start + timeout_s - time.monotonic()
+            now = time.monotonic()
+            if watch is not None and now >= next_watch:
+                next_watch = now + _WATCH_EVERY_S
+                stopped = watch()
+                if stopped:
+                    break
+            remaining = start + timeout_s - now
             if remaining <= 0:
                 timed_out = True
                 break
-            if not sel.select(min(remaining, 1.0)):
+            if not sel.select(min(remaining, _WATCH_EVERY_S if watch is not None else 1.0)):
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 break
             out.feed(chunk)
-    if not timed_out:
+    while not (timed_out or stopped):
         try:
-            proc.wait(timeout=max(0.0, start + timeout_s - time.monotonic()))
+            proc.wait(timeout=min(_WATCH_EVERY_S, max(0.0, start + timeout_s - time.monotonic())))
+            break
         except subprocess.TimeoutExpired:
-            timed_out = True
-    if timed_out:
+            if time.monotonic() >= start + timeout_s:
+                timed_out = True
+            elif watch is not None:
+                stopped = watch()
+    if timed_out or stopped:
         kill_group(proc)
     proc.stdout.close()
     code = proc.wait()
     return CommandResult(
-        out.text(), None if timed_out else code, timed_out, out.truncated, time.monotonic() - start
+        out.text(), None if timed_out or stopped else code, timed_out, out.truncated, time.monotonic() - start,
+        error=stopped,
     )
 
 

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,8 @@ class Limits:
         nproc: processes of the sandbox uid (``RLIMIT_NPROC``; per uid, so shared by concurrent sandboxes).
         tmp_mb: size of the private ``/tmp`` tmpfs (bwrap).
         output_bytes: bytes of output kept (head and tail) in a command's result.
+        disk_mb: how much the workspace's filesystem may fill up during one command, and the most
+            the workspace may grow over an episode (the env ends the episode beyond it).
     """
 
     timeout_s: float = 60.0
@@ -60,6 +63,7 @@ class Limits:
     nproc: int = 256
     tmp_mb: int = 256
     output_bytes: int = 16384
+    disk_mb: int = 2048
 
 
 def sandbox_env(path_dirs: list[str], home: str) -> dict[str, str]:
@@ -118,6 +122,29 @@ class Sandbox:
             return CommandResult("", None, error="the command contains a NUL byte")
         return self._run(command, timeout_s or self.limits.timeout_s, output_bytes or self.limits.output_bytes)
 
+    def disk_watch(self) -> Callable[[], str]:
+        """A ``watch`` for :func:`run_bounded` that stops a command filling the workspace's filesystem."""
+        start = free_bytes(self.workspace)
+        quota = self.limits.disk_mb * 1024 * 1024
+
+        def watch() -> str:
+            if start - free_bytes(self.workspace) > quota:
+                return f"disk quota: the command wrote more than {self.limits.disk_mb} MiB and was stopped"
+            return ""
+
+        return watch
+
+    def workspace_bytes(self) -> int:
+        """The workspace's size on disk (files are not followed through symlinks)."""
+        total = 0
+        for dirpath, _, filenames in os.walk(self.workspace):
+            for name in filenames:
+                try:
+                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
     def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
         raise NotImplementedError
 
@@ -150,7 +177,7 @@ class LocalSandbox(Sandbox):
     def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
         env = sandbox_env([str(Path(self.python).parent)], str(self.workspace))
         return run_bounded(["bash", "-c", command], timeout_s=timeout_s, output_bytes=output_bytes,
-                           env=env, cwd=str(self.workspace), limits=self.limits)
+                           env=env, cwd=str(self.workspace), limits=self.limits, watch=self.disk_watch())
 
 
 class BwrapSandbox(Sandbox):
@@ -200,7 +227,13 @@ class BwrapSandbox(Sandbox):
     def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
         env = sandbox_env([str(Path(self.python).parent)], "/tmp")
         return run_bounded(self.argv(command), timeout_s=timeout_s, output_bytes=output_bytes, env=env,
-                           limits=self.limits)
+                           limits=self.limits, watch=self.disk_watch())
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to unprivileged users on the filesystem holding ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def _parents(path: str, made: set[str]) -> list[str]:
