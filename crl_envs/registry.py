@@ -78,7 +78,16 @@ def register_builtin_envs() -> None:
         _register(f"crl/MiniHack-{variant}-v0", "crl_envs.minihack.env:MiniHackTextEnv", steps,
                   task=f"MiniHack-{variant}-v0")
     # ---------------------------------------------------------------- ALFWorld
-    # (ALFWorld ids go here)
+    # 50 steps per episode: ALFWorld's standard budget (ReAct, Reflexion, AgentBench, Complementary RL).
+    # Generated games need no data; Official reads $ALFWORLD_DATA (make fails with instructions without it).
+    _register("crl/ALFWorld-v0", "crl_envs.alfworld.env:ALFWorldEnv", 50, task_type="all")
+    for variant, task_type in [("PickPlace", "pick_and_place_simple"), ("Look", "look_at_obj_in_light"),
+                               ("PickClean", "pick_clean_then_place_in_recep"),
+                               ("PickHeat", "pick_heat_then_place_in_recep"),
+                               ("PickCool", "pick_cool_then_place_in_recep"), ("PickTwo", "pick_two_obj_and_place")]:
+        _register(f"crl/ALFWorld-{variant}-v0", "crl_envs.alfworld.env:ALFWorldEnv", 50, task_type=task_type)
+    _register("crl/ALFWorld-Official-v0", "crl_envs.alfworld.env:ALFWorldEnv", 50, source="official",
+              split="valid_unseen")
     # ---------------------------------------------------------------- WebShop
     # 15 steps per episode as the ReAct/AgentBench WebShop evaluations. The default split is
     # the official test split (goals 0-499; reset seed i serves goal i); split="train" for RL.
