@@ -31,7 +31,7 @@ except RuntimeError as _e:  # bwrap installed but namespaces are not allowed her
 from crl_envs.swe import grading as grading_mod  # noqa: E402
 from crl_envs.swe.bundled import bundled_instances, bundled_repos_dir  # noqa: E402
 from crl_envs.swe.instances import find_repo_source  # noqa: E402
-from crl_envs.swe.sandbox import SANDBOX_UID, BwrapSandbox, Limits, bwrap_mode  # noqa: E402
+from crl_envs.swe.sandbox import PRIVATE_UID_RANGE, SANDBOX_UID, BwrapSandbox, Limits, bwrap_mode  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TIGHT = Limits(timeout_s=8, cpu_s=2, memory_mb=768, file_size_mb=16, nproc=64, tmp_mb=32, output_bytes=4096)
@@ -70,8 +70,8 @@ def test_uid_is_dropped_and_the_sandbox_still_works(sandbox):
     assert (sandbox.workspace / "made.txt").read_text() == "data\n"
     if os.geteuid() == 0:
         assert bwrap_mode() == "setpriv"
-        assert res.output.split()[0] == str(SANDBOX_UID)
-        assert (sandbox.workspace / "made.txt").stat().st_uid == SANDBOX_UID
+        assert res.output.split()[0] == str(sandbox.uid) and sandbox.uid >= PRIVATE_UID_RANGE[0]
+        assert (sandbox.workspace / "made.txt").stat().st_uid == sandbox.uid
     shadow = sandbox.run("cat /etc/shadow; ls /etc/ssh | wc -l")
     _report("read /etc/shadow", shadow)
     assert "root:" not in shadow.output and shadow.output.split()[-1] == "0"
@@ -265,3 +265,21 @@ def test_filling_the_disk_with_many_files_is_stopped_and_ends_the_episode(tmp_pa
     assert term and reward == 0 and info["disk_quota_exceeded"] and "disk quota" in obs
     assert not workdir.exists()
     env.close()
+
+
+def test_a_fork_bomb_in_one_sandbox_does_not_starve_another(tmp_path):
+    import threading
+
+    boxes = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        boxes.append(BwrapSandbox(tmp_path / name, TIGHT))
+    if os.geteuid() == 0:
+        assert boxes[0].uid != boxes[1].uid
+    bomb = threading.Thread(target=boxes[0].run, args=("b() { b | b & }; b; sleep 4",))
+    bomb.start()
+    time.sleep(1.5)
+    res = boxes[1].run("for i in $(seq 30); do (sleep 0.2) & done; wait; echo neighbour-ok")
+    bomb.join()
+    _report("neighbour sandbox during a fork bomb", res)
+    assert "neighbour-ok" in res.output and "Resource temporarily unavailable" not in res.output

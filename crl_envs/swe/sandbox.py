@@ -8,7 +8,8 @@ seconds, address space, file size and processes, and output truncated with a mar
   prefixes (nothing else of the host: no ``$HOME``, no project checkout), a private tmpfs ``/tmp``, the workspace bound read-write at
   ``/workspace``, no network (``--unshare-net``), its own PID namespace (every process of a
   command dies with it: ``--unshare-pid``, ``--die-with-parent``) and, when we are root, a real
-  drop to uid/gid 65534 (``setpriv``) after the mounts are made.
+  drop to a private unused uid/gid per sandbox (``setpriv``) after the mounts are made; otherwise
+  a user namespace maps the caller to uid 65534.
 * ``docker``: the SWE-bench harness image of an instance (see :mod:`crl_envs.swe.docker_sandbox`).
 * ``local``: rlimits and a process group only. No isolation at all; opt-in, with a loud warning.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -30,7 +32,10 @@ from crl_envs.swe.process import CommandResult, clean_text, kill_group, run_boun
 __all__ = ["CommandResult", "Limits", "Sandbox", "SandboxUnavailable", "clean_text", "kill_group", "make_sandbox",
            "run_bounded"]
 
-SANDBOX_UID = 65534
+SANDBOX_UID = 65534  # the uid commands see in user-namespace mode
+# As root, each sandbox drops to its own unused uid from this range, so per-uid limits
+# (RLIMIT_NPROC) are per sandbox: a fork bomb in one episode cannot starve another.
+PRIVATE_UID_RANGE = (3_000_000, 4_000_000)
 WORKDIR = "/workspace"
 _HIDDEN_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/machine-id")
 _HIDDEN_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
@@ -188,8 +193,12 @@ class BwrapSandbox(Sandbox):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.mode = bwrap_mode()
+        self.uid = SANDBOX_UID
         if self.mode == "setpriv":
-            chown_tree(self.workspace, SANDBOX_UID)
+            self.uid = secrets.SystemRandom().randrange(*PRIVATE_UID_RANGE)
+            chown_tree(self.workspace, self.uid)
+            for host in self.mounts:  # read-only mounts stay readable for the private uid
+                os.chmod(host, os.stat(host).st_mode | 0o555)
 
     def argv(self, command: str) -> list[str]:
         """The full bwrap command line for ``command``."""
@@ -220,7 +229,7 @@ class BwrapSandbox(Sandbox):
             args += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         args.append("--")
         if self.mode == "setpriv":
-            args += ["setpriv", "--reuid", str(SANDBOX_UID), "--regid", str(SANDBOX_UID), "--clear-groups",
+            args += ["setpriv", "--reuid", str(self.uid), "--regid", str(self.uid), "--clear-groups",
                      "--inh-caps=-all", "--bounding-set=-all", "--"]
         return [*args, "bash", "-c", command]
 
