@@ -158,6 +158,8 @@ def test_repositories_resolve_from_bundles_and_mirrors_with_a_clear_error_otherw
     assert (repo / "README.md").is_file()
     subprocess.run(["git", "clone", "-q", "--mirror", str(src), str(tmp_path / "m" / f"{slug}.git")], check=True)
     assert find_repo_source(inst, tmp_path / "m").name == f"{slug}.git"
+    with pytest.raises(RuntimeError, match=r"commit 0+ is not in the repository"):
+        checkout(src, "0" * 40, tmp_path / "ws2")
     with pytest.raises(FileNotFoundError, match=r"SWE_REPOS/crl-mini__tinysemver"):
         find_repo_source(replace(inst, repo_path=""), tmp_path / "nowhere")
 

@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +231,9 @@ class SWEEnv(TextEnv):
             grade = GradeResult(False, 0.0, False, f2p_failed=list(inst.FAIL_TO_PASS), note=problem)
         else:
             source = None if self.sandbox_kind == "docker" else find_repo_source(inst, self.repos_dir)
-            grade = grade_patch(inst, patch, source=source, sandbox=self.sandbox_kind, limits=self.limits,
+            limits = replace(self.limits, timeout_s=self.grade_timeout_s,
+                             cpu_s=max(self.limits.cpu_s, int(self.grade_timeout_s)))  # a whole test run
+            grade = grade_patch(inst, patch, source=source, sandbox=self.sandbox_kind, limits=limits,
                                 python=self.python, timeout_s=self.grade_timeout_s)
         self.last_grade = grade
         text = f"Episode over ({why}). Your patch: {len(patch.splitlines())} diff lines.\n{grade.summary()}"

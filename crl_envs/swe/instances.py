@@ -284,5 +284,9 @@ def checkout(source: str | os.PathLike, commit: str, dest: str | os.PathLike) ->
         git("fetch", "-q", "--no-tags", src, "+refs/*:refs/crl-src/*", cwd=dest)
         for ref in git("for-each-ref", "--format=%(refname)", "refs/crl-src", cwd=dest).split():
             git("update-ref", "-d", ref, cwd=dest)
-    git("reset", "-q", "--hard", commit, cwd=dest)
+    try:
+        git("reset", "-q", "--hard", commit, cwd=dest)
+    except RuntimeError as e:
+        raise RuntimeError(f"commit {commit} is not in the repository at {src}; point the instance at a clone or "
+                           f"mirror that contains it (git fetch it there) ({e})") from e
     return dest
