@@ -19,6 +19,8 @@ from crl_envs.swe.instances import SWEInstance
 from crl_envs.swe.sandbox import CommandResult, Limits, Sandbox, SandboxUnavailable, run_bounded
 
 TESTBED = "/testbed"
+# The harness images install the repository's environment as the conda env "testbed".
+_ACTIVATE = "[ -f /opt/miniconda3/bin/activate ] && . /opt/miniconda3/bin/activate testbed >/dev/null 2>&1\n"
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,7 +80,7 @@ class DockerSandbox(Sandbox):
                                      "SWE-bench harness image first, e.g. with swebench.harness.prepare_images)")
 
     def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
-        res = run_bounded(["docker", "exec", "-w", TESTBED, self.container, "bash", "-c", command],
+        res = run_bounded(["docker", "exec", "-w", TESTBED, self.container, "bash", "-c", _ACTIVATE + command],
                           timeout_s=timeout_s, output_bytes=output_bytes)
         if res.timed_out:  # the exec client is dead; stop what it started inside the container
             subprocess.run(["docker", "exec", self.container, "kill", "-9", "-1"], capture_output=True,
