@@ -54,10 +54,12 @@ def map_box(chars: np.ndarray) -> tuple[list[str], int, int]:
     """
     h, w = chars.shape
     raw = chars.tobytes()
-    r0, r1 = _span(_no_control(raw), w)
+    probe = _no_control(raw)
+    r0, r1 = _span(probe, w)
     if r1 <= r0:
         return [], 0, 0
-    c0, c1 = _span(_no_control(chars.T.tobytes()), h)
+    columns = chars.T.tobytes()  # the same bytes, so the same control check applies
+    c0, c1 = _span(columns if probe is raw else columns.translate(_KEEP_CONTROL), h)
     text = raw[r0 * w:r1 * w].decode("latin-1")
     return [text[i:i + c1 - c0] for i in range(c0, (r1 - r0) * w, w)], r0, c0
 
