@@ -228,3 +228,20 @@ def test_oracle_success_rate_on_every_task(env_id):
     wins = sum(_play_oracle(env_id, s)[0] for s in range(10))
     hazardous = "Monster" in env_id or "Ultimate" in env_id  # monsters can kill the planner
     assert wins >= (8 if hazardous else 10), f"{env_id}: oracle won {wins}/10"
+
+
+def test_map_box_trims_to_non_space_cells_only():
+    import numpy as np
+
+    from crl_envs.minihack.render import map_box
+
+    chars = np.full((21, 79), ord(" "), np.uint8)
+    assert map_box(chars) == ([], 0, 0)
+    chars[3, 5:9] = ord("-")
+    chars[6, 2] = ord(".")
+    assert map_box(chars) == (["   ----", "       ", "       ", ".      "], 3, 2)
+    chars[4, 10] = ord("\n")  # other whitespace is not blank: it widens the box
+    assert map_box(chars) == (["   ----  ", "        \n", "         ", ".        "], 3, 2)
+    chars[20, 78] = ord("@")
+    lines, r0, c0 = map_box(chars)
+    assert (r0, c0, len(lines), lines[-1][-1]) == (3, 2, 18, "@")
