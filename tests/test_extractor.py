@@ -139,3 +139,17 @@ def test_answer_parser_strips_thinking_tags_and_fences():
 
 def test_extract_json_finds_an_object_after_prose_with_braces_in_strings():
     assert extract_json('note {not json} then {"a": "x}y", "b": [1, 2]} end') == {"a": "x}y", "b": [1, 2]}
+
+
+def test_prose_if_then_sentences_become_adds_but_still_count_as_malformed():
+    text = "The agent should learn this. If a box is in a corner, then the level is lost. Also fun."
+    ops, errors = parse_distil(text, set())
+    assert [o.kind for o in ops] == ["add"] and ops[0].entry.content.startswith("If a box is in a corner")
+    assert ops[0].entry.title and "malformed" in errors[0]
+
+
+def test_distil_prompt_demonstrates_the_format_once():
+    msgs = distil_messages(_traj(), example=True)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert parse_distil(msgs[2]["content"], valid_ids={3})[1] == []  # the demonstration itself parses cleanly
+    assert [m["role"] for m in distil_messages(_traj(), example=False)] == ["system", "user"]

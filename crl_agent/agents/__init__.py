@@ -10,6 +10,7 @@ BUILTIN = {
     "random": "crl_agent.agents.random:RandomAgent",
     "oracle": "crl_agent.agents.oracle:OracleAgent",
     "llm": "crl_agent.agents.llm:LLMAgent",
+    "crl": "crl_agent.agents.crl:CRLAgent",
 }
 
 __all__ = ["Agent", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "BUILTIN"]

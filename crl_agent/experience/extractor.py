@@ -159,16 +159,40 @@ def format_trajectory(traj: Trajectory, max_chars: int = 8000, obs_chars: int = 
     return "\n\n".join([*head, f"[... {omitted} steps omitted ...]", *tail])
 
 
-def distil_messages(traj: Trajectory, max_chars: int = 8000) -> list[Message]:
+def _distil_user(traj: Trajectory, max_chars: int) -> str:
     outcome = "SUCCESS" if traj.success else "FAILURE"
-    user = (
+    return (
         f"Task: {traj.task}\nGoal: {traj.goal}\n"
         f"Outcome: {outcome} (progress {traj.progress:.2f}, {len(traj.steps)} actions)\n\n"
         f"Entries the agent was given:\n{format_entries(traj.retrieved)}\n\n"
         f"Trajectory:\n{format_trajectory(traj, max_chars)}\n\n"
         f"What should the bank learn from this episode? JSON only, at most {MAX_OPS} operations."
     )
-    return [{"role": "system", "content": DISTIL_SYSTEM}, {"role": "user", "content": user}]
+
+
+# One worked exchange: small models copy a demonstrated format far more reliably than a described one.
+_EXAMPLE = Trajectory(
+    id="example", task="crl/Example-Keys-v0", goal="open the locked door and reach the stairs",
+    steps=[("You see a door (locked) to the east and a key to the north.", "east"),
+           ("The door is locked.", "east"), ("The door is locked.", "north")],
+    success=False, progress=0.0,
+    retrieved=[ExperienceEntry(3, "crl/Example-Keys-v0", "Doors", "If a door blocks the way, then walk into it.", 0, 0)],
+)
+_EXAMPLE_ANSWER = json.dumps({"operations": [
+    {"op": "update", "target_ids": [3], "title": "Locked doors",
+     "content": "If a door is locked and a key is visible, then pick up the key before walking to the door."},
+    {"op": "add", "title": "Repeated failures",
+     "content": "If the same action fails twice with the same message, then try a different action."},
+]})
+
+
+def distil_messages(traj: Trajectory, max_chars: int = 8000, example: bool = True) -> list[Message]:
+    """The distil chat; ``example`` prepends one demonstrated exchange (helps small extractors)."""
+    messages: list[Message] = [{"role": "system", "content": DISTIL_SYSTEM}]
+    if example:
+        messages += [{"role": "user", "content": _distil_user(_EXAMPLE, 1000)},
+                     {"role": "assistant", "content": _EXAMPLE_ANSWER}]
+    return [*messages, {"role": "user", "content": _distil_user(traj, max_chars)}]
 
 
 def merge_messages(task: str, cluster: list[ExperienceEntry]) -> list[Message]:
@@ -304,6 +328,19 @@ def _op_list(value: Any) -> list | None:
     return None
 
 
+_IF_THEN = re.compile(r"\b(If\b[^.!?\n]{3,300}?,?\s+then\b[^.!?\n]{3,300}[.!?]?)", re.I)
+
+
+def if_then_rules(text: str) -> list[EntryDraft]:
+    """``If ..., then ...`` sentences found in prose, as entries titled by their first words."""
+    out = []
+    for m in _IF_THEN.finditer(strip_thinking(text)):
+        content = _clip(m.group(1), MAX_CONTENT_CHARS)
+        words = re.sub(r"^if\s+", "", content, flags=re.I).split()
+        out.append(EntryDraft(_clip(" ".join(words[:6]).rstrip(",.").capitalize(), MAX_TITLE_CHARS), content))
+    return out
+
+
 def parse_distil(text: str, valid_ids: set[int]) -> tuple[list[DistilOp], list[str]]:
     """Operations from a distil completion, and the errors met; never raises.
 
@@ -315,6 +352,9 @@ def parse_distil(text: str, valid_ids: set[int]) -> tuple[list[DistilOp], list[s
     try:
         ops_raw = _op_list(extract_json(text))
     except ValueError as e:
+        rules = if_then_rules(text)[:MAX_OPS]
+        if rules:  # prose that states rules in the entry format: keep them, still counted as malformed
+            return [DistilOp("add", r) for r in rules], [f"malformed: {e}; kept {len(rules)} if-then sentences"]
         return [], [f"malformed: {e}"]
     if ops_raw is None:
         return [], ["malformed: JSON is neither an object nor a list of operations"]

@@ -1,0 +1,260 @@
+"""``crl``: the reference Complementary RL agent at evaluation time.
+
+It is the ``llm`` agent (:mod:`crl_agent.agents.llm`) plus an experience bank:
+
+- **Episode start**: the policy retrieves ``k`` diversified entries for the task (query: the goal
+  text, restricted to the episode's env id) and appends them to the system prompt.
+- **Search-and-ask**: mid-episode the model may write ``<search>question</search>`` instead of an
+  action, at most ``max_tool_calls`` (2) times per episode. The manager retrieves entries and the
+  extractor answers from them; the answer comes back as the next user message, the env is not
+  stepped, and the model then acts in the same turn.
+- **Episode end**: the trajectory is queued for distillation (the actor never waits) and the
+  outcome (±1) is credited to the extractor calls whose entries or answers guided it.
+
+Options (``python -m eval.run --agent crl --experience off --bank runs/bank --extractor-model DIR``):
+
+- ``experience``: ``"on"`` (default) or ``"off"``: evaluate without experience, as in the paper's
+  "w/o experience" column (no bank is opened, no tool is offered, nothing is distilled).
+- ``bank``: the bank folder to persist and reuse across runs (default: ``<run_dir>/experience_bank``,
+  or a temporary folder removed at the end when there is no run directory).
+- ``extractor_model``: a separate extractor model (default: the actor's own loaded model).
+- ``embedder``: ``"minilm"`` (default), ``"hash"`` or any sentence-transformers model path/name.
+- ``sync_experience``: wait for queued distillations before each episode's retrieval (reproducible
+  runs; default off, as in training where the actor never waits).
+
+Each episode's record gets ``extra`` fields ``search_time_s``, ``searches``, ``experience_shown``
+and ``bank_entries``; ``summary.json`` averages them per task.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from crl_agent.agents.base import EpisodeContext, EpisodeResult
+from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply
+from crl_agent.experience import ExperienceBank, ExperienceEntry, ExperienceManager, ManagerConfig, Trajectory
+from crl_agent.experience.retrieval import DiversityConfig
+from crl_agent.llm import LLM, make_llm
+
+_SEARCH_RE = re.compile(r"<search>(.*?)(?:</search>|\Z)", re.DOTALL | re.IGNORECASE)
+_ACTION_OPEN_RE = re.compile(r"<action>", re.IGNORECASE)
+
+EXPERIENCE_HEADER = "Lessons from past episodes of this task (apply them when they fit the situation):"
+SEARCH_HELP = (
+    "If you are unsure what to do, you may ask the experience bank instead of acting, at most {n} times per "
+    "episode: write <search>your question</search> and nothing else. The answer comes back before you act."
+)
+
+
+def experience_block(entries: list[ExperienceEntry]) -> str:
+    """Entries as the actor sees them in its system prompt."""
+    return "\n".join([EXPERIENCE_HEADER, *(f"- {e.title}: {e.content}" for e in entries)])
+
+
+class CRLPolicy(LLMPolicy):
+    """One episode of the ``crl`` agent: retrieval at the start, the search tool, a trajectory to distil."""
+
+    agent: CRLAgent
+
+    def __init__(self, agent: CRLAgent, ctx: EpisodeContext):
+        super().__init__(agent, ctx)
+        self.goal = ""
+        self.shown: list[ExperienceEntry] = []
+        self.searched: list[ExperienceEntry] = []
+        self.ask_calls: list[str] = []
+        self.search_s = 0.0
+
+    async def system_prompt(self, obs: str, info: dict[str, Any]) -> str:
+        base = await super().system_prompt(obs, info)
+        self.goal = str(info.get("task") or "")
+        manager = self.agent.manager
+        if manager is None:
+            return base
+        if self.agent.sync_experience:
+            await manager.flush()
+        t0 = time.perf_counter()
+        self.shown = await manager.search(self.goal or obs[:500], k=self.agent.k, task=self.ctx.env_id)
+        self.search_s += time.perf_counter() - t0
+        parts = [base]
+        if self.shown:
+            parts.append(experience_block(self.shown))
+        if self.agent.max_tool_calls > 0 and self.agent.bank is not None and self.agent.bank.ids(self.ctx.env_id):
+            parts.append(SEARCH_HELP.format(n=self.agent.max_tool_calls))
+        return "\n\n".join(parts)
+
+    def stop_strings(self) -> tuple[str, ...]:
+        base = super().stop_strings()
+        return (*base, "</search>") if self.agent.manager is not None else base
+
+    def parse_reply(self, text: str, info: dict[str, Any]) -> ParsedReply:
+        parsed = super().parse_reply(text, info)
+        if self.agent.manager is None:
+            return parsed
+        m = _SEARCH_RE.search(text)
+        action_tag = _ACTION_OPEN_RE.search(text)
+        if m and (action_tag is None or action_tag.start() > m.start()):
+            return ParsedReply(None, "none", tool="search", argument=m.group(1).strip())
+        return parsed
+
+    async def on_tool(self, reply: ParsedReply, info: dict[str, Any]) -> str:
+        if reply.tool != "search" or self.agent.manager is None:
+            return await super().on_tool(reply, info)
+        question = reply.argument[:500] or self.goal
+        res = await self.agent.manager.ask(question, task=self.ctx.env_id)
+        self.search_s += res.seconds
+        self.searched.extend(e for e in res.entries if e.id not in {s.id for s in self.searched})
+        if res.call_id:
+            self.ask_calls.append(res.call_id)
+        return (
+            f"Search result (advice from past experience; the environment has not changed): {res.answer}\n"
+            "Now answer with your next action inside <action>...</action>."
+        )
+
+    def guided_by(self) -> list[ExperienceEntry]:
+        """Every entry this episode saw (at the start or through search), once."""
+        seen: dict[int, ExperienceEntry] = {}
+        for e in [*self.shown, *self.searched]:
+            seen.setdefault(e.id, e)
+        return list(seen.values())
+
+
+class CRLAgent(LLMAgent):
+    """The ``llm`` agent with an experience bank, search-and-ask, and background distillation.
+
+    Args:
+        seed, model, backend, temperature, top_p, max_tokens, history, history_tokens, llm,
+            **backend_kwargs: as for :class:`~crl_agent.agents.llm.LLMAgent`.
+        experience: ``"on"`` or ``"off"`` (see the module docstring).
+        bank: bank folder to persist and reuse.
+        extractor_model: extractor model (default: share the actor's loaded model).
+        extractor_backend: its backend (default: the actor's ``backend``).
+        extractor: an already built extractor backend (not closed here); overrides ``extractor_model``.
+        run_dir: the eval run directory (the harness passes it): default bank and call-log location.
+        embedder: bank embedder spec (``"minilm"``, ``"hash"``, a sentence-transformers model).
+        k: entries shown at the start of an episode.
+        max_tool_calls: searches allowed per episode.
+        sync_experience: flush pending distillations before each episode's retrieval.
+        manager: extra :class:`~crl_agent.experience.ManagerConfig` fields, e.g. ``{"merge_every": 10}``.
+    """
+
+    name = "crl"
+    policy_class = CRLPolicy
+
+    def __init__(
+        self,
+        seed: int = 0,
+        model: str | None = None,
+        backend: str = "transformers",
+        experience: str = "on",
+        bank: str | None = None,
+        extractor_model: str | None = None,
+        extractor_backend: str | None = None,
+        extractor: LLM | None = None,
+        run_dir: str | None = None,
+        embedder: str = "minilm",
+        k: int = 4,
+        max_tool_calls: int = 2,
+        sync_experience: bool = False,
+        manager: dict[str, Any] | None = None,
+        llm: LLM | None = None,
+        **kwargs: Any,
+    ):
+        if experience not in ("on", "off"):
+            raise ValueError(f"experience must be 'on' or 'off', got {experience!r}")
+        super().__init__(seed=seed, model=model, backend=backend, max_tool_calls=max_tool_calls, llm=llm, **kwargs)
+        self.experience, self.k, self.sync_experience = experience, int(k), bool(sync_experience)
+        self.extractor_model, self.embedder_spec = extractor_model, embedder
+        self.bank: ExperienceBank | None = None
+        self.manager: ExperienceManager | None = None
+        self.extractor: LLM | None = None
+        self._owns_extractor = False
+        self._temp_bank: str | None = None
+        self._policies: dict[int, tuple[EpisodeContext, CRLPolicy]] = {}
+        self._final: dict[str, Any] = {}
+        if experience == "off":
+            self.bank_path = None
+            return
+        if bank is not None:
+            self.bank_path = Path(bank)
+        elif run_dir is not None:
+            self.bank_path = Path(run_dir) / "experience_bank"
+        else:
+            self._temp_bank = tempfile.mkdtemp(prefix="crl-bank-")
+            self.bank_path = Path(self._temp_bank)
+        if extractor is not None:
+            self.extractor = extractor
+        elif extractor_model is not None:
+            self.extractor = make_llm(extractor_backend or backend, extractor_model)
+            self._owns_extractor = True
+        else:
+            self.extractor = self.llm  # one loaded model plays both roles
+        self.bank = ExperienceBank(self.bank_path, embedder=embedder)
+        cfg = dict(manager or {})
+        if isinstance(cfg.get("diversity"), dict):
+            cfg["diversity"] = DiversityConfig(**cfg["diversity"])
+        log_dir = Path(run_dir) if run_dir is not None else self.bank_path
+        self.manager = ExperienceManager(
+            self.bank, self.extractor, ManagerConfig(k=self.k, seed=seed, **cfg), log_path=log_dir / "extractor_calls.jsonl"
+        )
+
+    def make_policy(self, ctx: EpisodeContext) -> CRLPolicy:
+        policy = super().make_policy(ctx)
+        assert isinstance(policy, CRLPolicy)
+        self._policies[id(ctx)] = (ctx, policy)
+        return policy
+
+    def on_episode_end(self, ctx: EpisodeContext, result: EpisodeResult) -> None:
+        _, policy = self._policies.pop(id(ctx), (None, None))
+        if policy is None:
+            return
+        result.extra.update(search_time_s=policy.search_s, searches=policy.tool_calls,
+                            experience_shown=len(policy.shown))
+        if self.manager is None or self.bank is None:
+            return
+        result.extra["bank_entries"] = len(self.bank)
+        if result.error is not None:
+            return  # an env crash or timeout says nothing about the experience
+        episode = f"{ctx.env_id}#{ctx.seed}"
+        guided = policy.guided_by()
+        self.manager.record_outcome(episode, guided, result.success, policy.ask_calls)
+        steps = [(t.observation, t.action) for t in policy.turns]
+        traj = Trajectory(id=f"{episode}@{self.manager._run_tag}", task=ctx.env_id, goal=policy.goal, steps=steps,
+                          success=result.success, progress=result.progress, retrieved=guided)
+        self.manager.submit(traj)
+
+    def config(self) -> dict[str, Any]:
+        out = {
+            **super().config(),
+            "experience": self.experience,
+            "bank": str(self.bank_path) if self.bank_path is not None and self._temp_bank is None else None,
+            "extractor_model": self.extractor_model,
+            "extractor": "actor" if self.extractor is self.llm else (self.extractor.config() if self.extractor else None),
+            "embedder": self.embedder_spec if self.experience == "on" else None,
+            "k": self.k,
+            "max_searches": self.max_tool_calls,
+            "sync_experience": self.sync_experience,
+        }
+        if self.manager is not None:
+            out["manager"] = {k: v for k, v in self.manager.config_dict().items() if k not in ("bank", "extractor")}
+            out["experience_stats"] = {**self.manager.stats, **self._final}
+        return out
+
+    async def aclose(self) -> None:
+        """Finish queued distillations, save and close the bank, release the models."""
+        try:
+            if self.manager is not None:
+                await self.manager.aclose()
+            if self.bank is not None and self.bank._db is not None:
+                self._final = {"bank_entries": len(self.bank), "bank_tasks": self.bank.tasks()}
+                self.bank.close()
+            if self._owns_extractor and self.extractor is not None:
+                await self.extractor.aclose()
+        finally:
+            await super().aclose()
+            if self._temp_bank is not None:
+                shutil.rmtree(self._temp_bank, ignore_errors=True)
