@@ -41,6 +41,7 @@ from crl_agent.experience import ExperienceBank, ExperienceEntry, ExperienceMana
 from crl_agent.experience.retrieval import DiversityConfig
 from crl_agent.llm import LLM, make_llm
 
+_POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens")
 _SEARCH_RE = re.compile(r"<search>(.*?)(?:</search>|\Z)", re.DOTALL | re.IGNORECASE)
 _ACTION_OPEN_RE = re.compile(r"<action>", re.IGNORECASE)
 
@@ -189,7 +190,9 @@ class CRLAgent(LLMAgent):
         if extractor is not None:
             self.extractor = extractor
         elif extractor_model is not None:
-            self.extractor = make_llm(extractor_backend or backend, extractor_model)
+            ext_backend = extractor_backend or backend
+            same = {k: v for k, v in kwargs.items() if k not in _POLICY_OPTIONS} if ext_backend == backend else {}
+            self.extractor = make_llm(ext_backend, extractor_model, **same)  # e.g. the same base_url
             self._owns_extractor = True
         else:
             self.extractor = self.llm  # one loaded model plays both roles
@@ -223,7 +226,7 @@ class CRLAgent(LLMAgent):
         guided = policy.guided_by()
         self.manager.record_outcome(episode, guided, result.success, policy.ask_calls)
         steps = [(t.observation, t.action) for t in policy.turns]
-        traj = Trajectory(id=f"{episode}@{self.manager._run_tag}", task=ctx.env_id, goal=policy.goal, steps=steps,
+        traj = Trajectory(id=f"{episode}@{self.manager.run_tag}", task=ctx.env_id, goal=policy.goal, steps=steps,
                           success=result.success, progress=result.progress, retrieved=guided)
         self.manager.submit(traj)
 

@@ -117,7 +117,7 @@ class ExperienceManager:
         self.retriever = Retriever(bank, self.config.diversity, self.config.seed)
         self.lock = RWLock()
         self.calls = CallLog(log_path)
-        self._run_tag = uuid.uuid4().hex[:8]
+        self.run_tag = uuid.uuid4().hex[:8]
         self._call_counter = itertools.count()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._requests: asyncio.Queue[_Request] | None = None
@@ -166,7 +166,7 @@ class ExperienceManager:
         self.calls.close()
 
     def _new_call_id(self) -> str:
-        return f"{self._run_tag}-{next(self._call_counter):06d}"
+        return f"{self.run_tag}-{next(self._call_counter):06d}"
 
     # ---------------------------------------------------------------- search
     async def search(self, query: str, k: int | None = None, task: str | None = None) -> list[ExperienceEntry]:
