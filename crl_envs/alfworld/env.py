@@ -119,6 +119,7 @@ class ALFWorldEnv(TextEnv):
         self._plan_pos = 0
         self._on_plan = False
         self._progress_best = 0.0
+        self._types: tuple[dict[str, str], dict[str, str]] | None = None
 
     # ------------------------------------------------------------------ env
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -160,6 +161,7 @@ class ALFWorldEnv(TextEnv):
         m = _TASK.search(obs)
         task = m.group(1).strip() if m else "Solve the household task."
         self._progress_best = 0.0
+        self._types = None
         return obs, {"task": task, "task_type": self._task_type, "game_file": game_file,
                      "generator_version": GENERATOR_VERSION, "alfworld_version": ALFWORLD_VERSION}
 
@@ -203,12 +205,16 @@ class ALFWorldEnv(TextEnv):
 
     def _goal_progress(self) -> float:
         """Fraction of the goal's sub-conditions that hold now (0 when the goal is unknown)."""
-        from crl_envs.alfworld.solver import read_state
+        from crl_envs.alfworld.solver import DYNAMIC, read_state
 
         g = self._goal
         if g is None:
             return 0.0
-        s = read_state(self._player.pddl_env)
+        if self._types is None:  # object and receptacle types never change: read them once per game
+            full = read_state(self._player.pddl_env)
+            self._types = (full.otype, full.rtype)
+        s = read_state(self._player.pddl_env, DYNAMIC)
+        s.otype, s.rtype = self._types
         obj_t = g.object_target.lower() + "type"
         holding = s.holding is not None and s.otype.get(s.holding) == obj_t
         if g.task_type == "look_at_obj_in_light":

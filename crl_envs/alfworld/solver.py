@@ -220,10 +220,19 @@ def plan_commands(facts, names: dict[str, str], goal: Goal) -> list[str] | None:
     return _Planner(_read_state(facts, names), goal).solve()
 
 
-def read_state(pddl_env) -> _State:
-    """The facts of a live ``textworld.envs.PddlEnv`` that the planner and progress read."""
+DYNAMIC = frozenset({"atlocation", "holds", "inreceptacle", "opened", "isclean", "ishot", "iscool", "istoggled"})
+
+
+def read_state(pddl_env, predicates: frozenset[str] | None = None) -> _State:
+    """The facts of a live ``textworld.envs.PddlEnv`` that the planner and progress read.
+
+    ``predicates`` restricts the read to some predicates (e.g. :data:`DYNAMIC`, which skips the
+    hundreds of static facts).
+    """
     names = {k: info.name for k, info in pddl_env._entity_infos.items()}
-    return _read_state(pddl_env._pddl_state.facts, names)
+    groups = pddl_env._pddl_state._facts.items()
+    facts = (f for sig, fs in groups if predicates is None or sig.name in predicates for f in fs)
+    return _read_state(facts, names)
 
 
 def plan_from_engine(pddl_env, goal: Goal) -> list[str] | None:
