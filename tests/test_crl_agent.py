@@ -149,3 +149,23 @@ def test_without_a_run_dir_the_bank_is_temporary(tmp_path):
     assert path.exists() and agent.config()["bank"] is None
     asyncio.run(agent.aclose())
     assert not path.exists()
+
+
+@pytest.mark.slow
+def test_eval_run_drives_crl_with_a_real_tiny_model(tmp_path):
+    pytest.importorskip("torch")
+    from crl_agent.llm.tiny import build_tiny_chat_model
+    from eval.run import main
+
+    model = build_tiny_chat_model(tmp_path / "tiny")
+    out, bank = tmp_path / "run", tmp_path / "bank"
+    argv = ["--agent", "crl", "--tasks", ENV, "--episodes", "2", "--max-steps", "2", "--out", str(out), "--quiet",
+            "--model", str(model), "--bank", str(bank), "--agent-arg", "embedder=hash", "--agent-arg", "max_tokens=8"]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    agent = summary["agent"]
+    assert agent["name"] == "crl" and agent["experience"] == "on" and agent["bank"] == str(bank)
+    assert agent["extractor"] == "actor" and agent["experience_stats"]["distillations"] == 2
+    episodes = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
+    assert all("search_time_s" in e["extra"] for e in episodes)
+    assert (out / "extractor_calls.jsonl").exists() and list(bank.glob("index-*.hnsw"))
