@@ -107,6 +107,16 @@ def test_official_env_seed_i_plays_game_i_and_the_oracle_wins_it(official_tree):
     env.close()
 
 
+def test_reset_can_play_a_given_game_file(official_tree):
+    _, good = official_tree
+    env = gym.make("crl/ALFWorld-v0", num_games=NUM_GAMES)
+    _, info = env.reset(seed=0, options={"game_file": good[1]})
+    assert info["game_file"] == good[1] and _play_oracle(env)[0]
+    with pytest.raises(FileNotFoundError, match="game_file"):
+        env.reset(options={"game_file": good[1] + ".missing"})
+    env.close()
+
+
 # ------------------------------------------------------------------ generator
 @pytest.mark.parametrize("task_type", TASK_TYPES)
 def test_generated_games_of_every_task_type_are_won_by_the_oracle(task_type):

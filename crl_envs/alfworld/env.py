@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import Any
 
 from crl_envs.alfworld.generator import GENERATOR_VERSION, TASK_TYPES
@@ -30,6 +31,11 @@ def _import_backend() -> None:
 
         raise DependencyNotInstalled(f'ALFWorld needs alfworld=={ALFWORLD_VERSION} and textworld: '
                                      f'pip install -e ".[alfworld]" ({e})') from e
+    from importlib.metadata import version
+
+    if version("alfworld") != ALFWORLD_VERSION:
+        warnings.warn(f"crl-bench's ALFWorld envs are pinned to alfworld=={ALFWORLD_VERSION} (its PDDL domain, "
+                      f"grammar and 'move X to Y' spelling); found {version('alfworld')}", stacklevel=3)
 
 
 class ALFWorldEnv(TextEnv):
@@ -130,7 +136,10 @@ class ALFWorldEnv(TextEnv):
         from crl_envs.alfworld.games import get_game
 
         if options and options.get("game_file"):
-            return os.path.abspath(str(options["game_file"]))
+            path = os.path.abspath(str(options["game_file"]))
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"options['game_file']: no game at {path}; pass a game.tw-pddl file")
+            return path
         if self.source == "official":
             n = len(self._games)
             i = self._reset_seed % n if self._reset_seed is not None else int(self.np_random.integers(n))

@@ -121,14 +121,18 @@ def generate_game(task_type: str, seed: int, directory: str, player: Player | No
     for attempt in range(_MAX_ATTEMPTS):
         spec, problem = build_problem(task_type, seed, attempt)
         data = game_data(spec, problem)
-        path = os.path.join(directory, "game.tw-pddl")
-        _write_json(path, data)
-        plan = verify(path, Goal.from_params(task_type, traj_data(spec)["pddl_params"]), player)
+        # Verify a private candidate file: concurrent readers only ever see verified games.
+        candidate = os.path.join(directory, f".candidate-{os.getpid()}.tw-pddl")
+        _write_json(candidate, data)
+        try:
+            plan = verify(candidate, Goal.from_params(task_type, traj_data(spec)["pddl_params"]), player)
+        finally:
+            os.unlink(candidate)
         if plan is None:
             continue
         data["solvable"], data["walkthrough"] = True, plan
         _write_json(os.path.join(directory, "traj_data.json"), traj_data(spec))
-        _write_json(path, data)
+        _write_json(os.path.join(directory, "game.tw-pddl"), data)
         return data
     raise GenerationError(f"no solvable {task_type} game for seed {seed} after {_MAX_ATTEMPTS} attempts")
 
