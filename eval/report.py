@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,8 @@ def print_table(summary: dict[str, Any]) -> None:
         table.add_column(h)
     for r in rows(summary):
         table.add_row(*r)
-    Console().print(table)
+    # Rich assumes 80 columns when output is not a terminal (CI logs, pipes), which folds every row.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def print_errors(summary: dict[str, Any], limit: int = 10) -> None:
@@ -134,9 +136,10 @@ def write_plots(
         ax.bar(x + (i - (len(summaries) - 1) / 2) * width, succ, width, yerr=se, capsize=3, label=label)
     ax.set_xticks(x, [_short(e) for e in env_ids], rotation=20, ha="right")
     ax.set_ylabel("success % (± SE)")
-    ax.set_ylim(0, 105)
+    ax.set_ylim(0, 118)  # headroom for the legend above 100 %
+    ax.set_yticks(range(0, 101, 20))
     ax.set_title("Success per task")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", ncol=min(4, len(summaries)), frameon=False)
     fig.tight_layout()
     written.append(out / "success.png")
     fig.savefig(written[-1], dpi=110)
