@@ -11,13 +11,15 @@ sampled token, i.e. what a trainer's forward pass over the same tokens computes.
 include every generated token, also the end-of-turn token and the tokens that spell a stop
 string; ``text`` excludes both.
 
-A prompt that does not fit the context (``max_context`` minus ``max_tokens``) loses its oldest
-non-system messages first; a single message that is still too long keeps its tail.
+``max_tokens`` is capped at half the context. A prompt that does not fit the rest of the
+context (``max_context`` minus ``max_tokens``) loses its oldest non-system messages first; a
+single message that is still too long keeps its tail.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,9 @@ class TransformersLLM(LLM):
         self.dtype = dtype
         self.model_path, self.model_name = resolve_model_path(model)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
+        # Rust tokenizers can fail with "Already borrowed" when threads share one; the event loop,
+        # the generation thread and server threads all use it, so every call takes this lock.
+        self._tok_lock = threading.RLock()
         if not self.tokenizer.chat_template:
             raise LLMError(f"{self.model_path} has no chat template; use an instruct/chat model")
         self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
@@ -138,8 +143,9 @@ class TransformersLLM(LLM):
 
     def render(self, messages: list[Message]) -> list[int]:
         """Token ids of the chat template applied to ``messages``, ready for the assistant's turn."""
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        with self._tok_lock:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def fit_prompt(self, messages: list[Message], budget: int) -> list[int]:
         """Render ``messages`` within ``budget`` tokens, dropping the oldest turns first.
@@ -163,11 +169,11 @@ class TransformersLLM(LLM):
         if len(ids) <= budget:
             return ids
         last = rest[-1]
-        content_ids = self.tokenizer(last["content"], add_special_tokens=False)["input_ids"]
+        content_ids = self._encode(last["content"])
         overhead = len(ids) - len(content_ids) + 8
         keep = budget - overhead
         while keep > 0:
-            content = _TRUNCATION_MARK + self.tokenizer.decode(content_ids[-keep:])
+            content = _TRUNCATION_MARK + self._decode_ids(content_ids[-keep:])
             ids = self.render(system + [{"role": last["role"], "content": content}])
             if len(ids) <= budget:
                 return ids
@@ -177,12 +183,21 @@ class TransformersLLM(LLM):
             "after max_tokens): shorten the system message, lower max_tokens, or raise max_context"
         )
 
+    def _encode(self, text: str) -> list[int]:
+        with self._tok_lock:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _decode_ids(self, ids: list[int]) -> str:
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self._encode(text))
 
     def token_strings(self, token_ids: list[int]) -> list[str]:
         """The text of each token on its own (for OpenAI-style ``logprobs.content``)."""
-        return [self.tokenizer.decode([t]) for t in token_ids]
+        with self._tok_lock:
+            return [self.tokenizer.decode([t]) for t in token_ids]
 
     def config(self) -> dict[str, Any]:
         return {
@@ -257,7 +272,7 @@ class TransformersLLM(LLM):
                 if tok in self.eos_ids:
                     finish[i], done = "stop", True
                 elif r.params.stop:
-                    text = self.tokenizer.decode(gen_ids[i], skip_special_tokens=True)
+                    text = self._decode_ids(gen_ids[i])
                     hits = [text.find(s) for s in r.params.stop if s and s in text]
                     if hits:
                         finish[i], stop_at[i], done = "stop", min(hits), True
@@ -282,7 +297,7 @@ class TransformersLLM(LLM):
             next_pos = next_pos + 1
         results = []
         for i, r in enumerate(reqs):
-            text = self.tokenizer.decode(gen_ids[i], skip_special_tokens=True)
+            text = self._decode_ids(gen_ids[i])
             if stop_at[i] is not None:
                 text = text[: stop_at[i]]
             results.append(
