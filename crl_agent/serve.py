@@ -47,7 +47,7 @@ def sampling_params_from_request(body: dict[str, Any]) -> SamplingParams:
     """Validate an OpenAI chat request's sampling fields; raise :class:`HTTPError` (400) on bad ones."""
     if body.get("stream"):
         raise HTTPError(400, "stream=true is not supported by this server")
-    if int(body.get("n", 1) or 1) != 1:
+    if body.get("n") not in (None, 1):
         raise HTTPError(400, "only n=1 is supported")
     stop = body.get("stop") or ()
     if isinstance(stop, str):
