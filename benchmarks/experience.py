@@ -83,7 +83,6 @@ def search_latency(
     e50, e99 = pct(exact_ms)
     for ef in efs:
         bank.ef_search = ef
-        bank._index.set_ef(ef)
         ann_ms, recall = [], []
         for q, true in zip(qs, truth, strict=True):
             t = time.perf_counter()

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from crl_agent.experience.embedder import Embedder, make_embedder
+from crl_agent.experience.index import VectorIndex
 
 SCHEMA_VERSION = 1
 _COLUMNS = (
@@ -102,14 +103,6 @@ class ExperienceEntry:
 
 def _entry(row: tuple) -> ExperienceEntry:
     return ExperienceEntry(*row[:6], json.loads(row[6]), *row[7:])
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ExperienceBank:
@@ -208,69 +201,29 @@ class ExperienceBank:
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
 
-    def _new_index(self, capacity: int):
-        import hnswlib
-
-        index = hnswlib.Index(space="cosine", dim=self.dim)
-        index.init_index(max_elements=max(1024, capacity), ef_construction=self.ef_construction, M=self.m)
-        index.set_ef(self.ef_search)
-        return index
-
     def _load_or_rebuild_index(self) -> None:
-        import hnswlib
-
-        gen = self.generation
-        try:
-            meta = json.loads((self.path / "index.json").read_text())
-        except (OSError, ValueError):
-            meta = {}
-        index_file = self.path / f"index-{gen}.hnsw"
-        if meta.get("generation") == gen and meta.get("dim") == self.dim and index_file.exists():
-            try:
-                index = hnswlib.Index(space="cosine", dim=self.dim)
-                index.load_index(str(index_file), max_elements=max(1024, 2 * len(self._tasks)))
-                index.set_ef(self.ef_search)
-                if meta.get("count") == len(self._tasks):
-                    self._index = index
-                    self._saved_generation = gen
-                    return
-            except RuntimeError:
-                pass  # a torn or foreign file: rebuild below
-        self._rebuild_index()
-
-    def _rebuild_index(self) -> None:
+        gen, count = self.generation, len(self._tasks)
+        index = VectorIndex.load(self.path, gen, count, self.dim)
+        if index is not None:
+            self._index, self._saved_generation = index, gen
+            return
         self.rebuilt_index = True
-        self._index = self._new_index(2 * len(self._tasks))
+        self._index = VectorIndex.build(self.dim, count, self._stored_vectors(), m=self.m,
+                                        ef_construction=self.ef_construction)
+
+    def _stored_vectors(self):
         cur = self._db.execute("SELECT id, embedding FROM entries")
         while rows := cur.fetchmany(10_000):
             ids = np.array([r[0] for r in rows], dtype=np.int64)
-            vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
-            self._index.add_items(vecs, ids)
+            yield ids, np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
 
     def save(self) -> None:
         """Write the index for the current generation (atomically; a no-op if already saved)."""
         with self._lock:
             gen = self.generation
-            if gen == self._saved_generation:
-                return
-            target = self.path / f"index-{gen}.hnsw"
-            tmp = target.with_suffix(".tmp")
-            self._index.save_index(str(tmp))
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-            meta = {"generation": gen, "dim": self.dim, "count": len(self._tasks), "embedder": self.embedder.name}
-            tmp_meta = self.path / "index.json.tmp"
-            with open(tmp_meta, "w") as f:
-                json.dump(meta, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp_meta, self.path / "index.json")
-            _fsync_dir(self.path)
-            for old in self.path.glob("index-*.hnsw"):
-                if old != target:
-                    old.unlink(missing_ok=True)
-            self._saved_generation = gen
+            if gen != self._saved_generation:
+                self._index.save(self.path, gen, len(self._tasks))
+                self._saved_generation = gen
 
     def close(self) -> None:
         """Save the index and release the bank."""
@@ -300,11 +253,6 @@ class ExperienceBank:
         self._by_task[task].discard(eid)
         if not self._by_task[task]:
             del self._by_task[task]
-
-    def _ensure_capacity(self, extra: int) -> None:
-        need = self._index.get_current_count() + extra
-        if need > self._index.get_max_elements():
-            self._index.resize_index(max(need, 2 * self._index.get_max_elements()))
 
     def add(
         self, task: str, title: str, content: str, sources: Iterable[str] = (), origin: str | None = None
@@ -358,17 +306,12 @@ class ExperienceBank:
                     doomed = [int(i) for i in delete_ids if int(i) in self._tasks]
                     self._db.executemany("DELETE FROM entries WHERE id=?", [(i,) for i in doomed])
                     self._bump()
-                    self._ensure_capacity(len(ids))
-                    self._index.add_items(vecs, np.array(ids, dtype=np.int64))
+                    self._index.add(vecs, ids)
             except BaseException:
-                for eid in ids:  # the transaction rolled back: drop whatever reached the index
-                    try:
-                        self._index.mark_deleted(eid)
-                    except RuntimeError:
-                        pass
+                self._index.mark_deleted(ids)  # the transaction rolled back: drop whatever reached the index
                 raise
+            self._index.mark_deleted(doomed)
             for eid in doomed:
-                self._index.mark_deleted(eid)
                 self._forget(eid)
             for eid, (task, *_rest) in zip(ids, items, strict=True):
                 self._remember(eid, task)
@@ -401,7 +344,7 @@ class ExperienceBank:
                 if cur.rowcount != 1:
                     raise KeyError(f"entry {eid} was deleted concurrently")
                 self._bump()
-                self._index.add_items(vec[None], np.array([eid], dtype=np.int64))
+                self._index.add(vec[None], [eid])
         return self.get(eid)  # type: ignore[return-value]
 
     def delete(self, ids: Iterable[int]) -> int:
@@ -413,8 +356,8 @@ class ExperienceBank:
             with self._tx():
                 self._db.executemany("DELETE FROM entries WHERE id=?", [(i,) for i in ids])
                 self._bump()
+            self._index.mark_deleted(ids)
             for eid in ids:
-                self._index.mark_deleted(eid)
                 self._forget(eid)
             return len(ids)
 
@@ -475,9 +418,7 @@ class ExperienceBank:
     def embeddings(self, ids: Sequence[int]) -> np.ndarray:
         """The stored (unit) vectors of ``ids``, from the index."""
         with self._lock:
-            if not ids:
-                return np.zeros((0, self.dim), dtype=np.float32)
-            return np.asarray(self._index.get_items(list(ids)), dtype=np.float32)
+            return self._index.get(list(ids))
 
     def view(self, task: str) -> TaskView:
         """The entries of one task, with the same read API."""
@@ -500,18 +441,11 @@ class ExperienceBank:
                 return [[] for _ in range(len(queries))]
             if task is not None and len(pool) <= self.brute_force_below:
                 return self._exact(queries, sorted(pool), k)
-            if k > self._index.ef:
-                self._index.set_ef(k)
             try:
-                allowed = None if task is None else pool
-                labels, dists = self._index.knn_query(
-                    queries, k=k, num_threads=1, filter=None if allowed is None else allowed.__contains__
-                )
+                labels, sims = self._index.knn(queries, k, self.ef_search, None if task is None else pool)
             except RuntimeError:  # too few reachable nodes (many deletions): score exactly instead
                 return self._exact(queries, sorted(pool), k)
-            finally:
-                self._index.set_ef(self.ef_search)
-        return [[(int(i), float(1 - d)) for i, d in zip(lr, dr, strict=True)] for lr, dr in zip(labels, dists, strict=True)]
+        return [[(int(i), float(s)) for i, s in zip(lr, sr, strict=True)] for lr, sr in zip(labels, sims, strict=True)]
 
     def _exact(self, queries: np.ndarray, ids: list[int], k: int) -> list[list[tuple[int, float]]]:
         vecs = self.embeddings(ids)
@@ -532,19 +466,13 @@ class ExperienceBank:
             sql_ids = {r[0] for r in rows}
             if sql_ids != set(self._tasks):
                 problems.append("in-memory id set differs from SQLite")
-            live = set()
-            for label in self._index.get_ids_list():
-                try:
-                    self._index.get_items([label])
-                    live.add(int(label))
-                except RuntimeError:
-                    pass  # marked deleted
+            live = self._index.live_ids()
             if live != sql_ids:
                 problems.append(f"index has {len(live - sql_ids)} extra and {len(sql_ids - live)} missing ids")
             for eid, blob in rows:
                 if eid in live:
                     stored = np.frombuffer(blob, dtype=np.float32)
-                    if not np.allclose(self._index.get_items([eid])[0], stored / np.linalg.norm(stored), atol=1e-5):
+                    if not np.allclose(self._index.get([eid])[0], stored / np.linalg.norm(stored), atol=1e-5):
                         problems.append(f"entry {eid}: index vector differs from SQLite")
         return problems
 

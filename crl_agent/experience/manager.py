@@ -32,7 +32,7 @@ import numpy as np
 from crl_agent.experience import extractor as ex
 from crl_agent.experience.bank import ExperienceBank, ExperienceEntry
 from crl_agent.experience.calllog import CallLog, ExtractorSample, fold_samples
-from crl_agent.experience.retrieval import DiversityConfig, Retriever
+from crl_agent.experience.retrieval import DiversityConfig, Retriever, near_duplicates
 from crl_agent.experience.rwlock import RWLock
 from crl_agent.llm.base import LLM, Completion, SamplingParams
 
@@ -355,38 +355,6 @@ class ExperienceManager:
         return applied, touched, errors
 
     # ---------------------------------------------------------------- merge
-    def _clusters(self, task: str, since: float) -> list[list[ExperienceEntry]]:
-        entries = self.bank.entries(task)
-        if len(entries) < 2:
-            return []
-        seeds = [e for e in entries if e.updated >= since]
-        if not seeds:
-            return []
-        parent = {e.id: e.id for e in entries}
-
-        def root(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        hits = self.bank.search_vectors(self.bank.embeddings([e.id for e in seeds]), self.config.merge_neighbours + 1, task)
-        for e, row in zip(seeds, hits, strict=True):
-            for j, sim in row:
-                if j != e.id and j in parent and sim >= self.config.merge_threshold:
-                    parent[root(j)] = root(e.id)
-        groups: dict[int, list[ExperienceEntry]] = {}
-        for e in entries:
-            groups.setdefault(root(e.id), []).append(e)
-        size = self.config.merge_max_cluster
-        out = []
-        for g in groups.values():
-            for start in range(0, len(g), size):
-                chunk = g[start : start + size]
-                if len(chunk) >= 2:
-                    out.append(chunk)
-        return out
-
     async def merge(self, task: str | None = None) -> dict[str, int]:
         """Consolidate near-duplicate entries of ``task`` (or of every task); returns decision counts."""
         if self.extractor is None:
@@ -399,7 +367,10 @@ class ExperienceManager:
             for t in [task] if task is not None else list(self.bank.tasks()):
                 started = time.time()
                 async with self.lock.read():
-                    clusters = await asyncio.to_thread(self._clusters, t, self._merged_at.get(t, 0.0))
+                    clusters = await asyncio.to_thread(
+                        near_duplicates, self.bank, t, self.config.merge_threshold, self._merged_at.get(t, 0.0),
+                        self.config.merge_neighbours, self.config.merge_max_cluster,
+                    )
                 for cluster in clusters:
                     kind = await self._merge_cluster(t, cluster)
                     counts[kind] = counts.get(kind, 0) + 1

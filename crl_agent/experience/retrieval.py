@@ -96,3 +96,39 @@ class Retriever:
         q = self.bank.embedder.embed([query])
         hits = self.bank.search_vectors(q, k * self.config.oversample, task)[0]
         return self.select(hits, k, now)
+
+
+def near_duplicates(
+    bank: ExperienceBank,
+    task: str,
+    threshold: float,
+    since: float = 0.0,
+    neighbours: int = 8,
+    max_cluster: int = 5,
+) -> list[list[ExperienceEntry]]:
+    """Clusters of ``task``'s entries linked by cosine similarity >= ``threshold`` (union-find).
+
+    Only entries updated at or after ``since`` seed the neighbour search (the rest were examined
+    by an earlier pass); clusters larger than ``max_cluster`` are split into chunks.
+    """
+    entries = bank.entries(task)
+    seeds = [e for e in entries if e.updated >= since]
+    if len(entries) < 2 or not seeds:
+        return []
+    parent = {e.id: e.id for e in entries}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    hits = bank.search_vectors(bank.embeddings([e.id for e in seeds]), neighbours + 1, task)
+    for e, row in zip(seeds, hits, strict=True):
+        for j, sim in row:
+            if j != e.id and j in parent and sim >= threshold:
+                parent[root(j)] = root(e.id)
+    groups: dict[int, list[ExperienceEntry]] = {}
+    for e in entries:
+        groups.setdefault(root(e.id), []).append(e)
+    return [g[s : s + max_cluster] for g in groups.values() for s in range(0, len(g), max_cluster) if len(g[s : s + max_cluster]) >= 2]
