@@ -6,7 +6,7 @@ EXTRAS ?= all,test
 # bubblewrap: the default sandbox of the SWE-bench envs (installed only where apt-get is available).
 APT_PACKAGES ?= bubblewrap git
 
-.PHONY: setup run test lint bench
+.PHONY: setup run test test-all lint bench
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -24,9 +24,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 setup: $(VENV)/.installed
 
 run: setup
-	$(VENV)/bin/python -m eval.run --agent oracle --tasks crl/Sokoban-6x6-2-v0 --episodes 20
+	$(VENV)/bin/python -m eval.run --agent crl --tasks 6 --episodes 1 --max-steps 10
 
 test: setup
+	$(VENV)/bin/python -m pytest -n 2 -m "not slow"
+
+test-all: setup
 	$(VENV)/bin/python -m pytest -n 2
 
 lint: setup

@@ -244,3 +244,20 @@ def test_max_steps_caps_episode_length_and_is_recorded(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tasks"]["crl/Sokoban-6x6-2-v0"]["max_episode_steps"] == 3
     assert summary["run"]["max_steps"] == 3
+
+
+def test_the_readme_example_agent_runs_as_written(tmp_path):
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = readme.split("## Writing your own agent", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    command = section.split("```bash\n", 1)[1].split("```", 1)[0].strip()
+    (tmp_path / "my_agent.py").write_text(code)
+    args = command.split()[1:]  # drop the interpreter path
+    assert args[:2] == ["-m", "eval.run"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), REPO])}
+    proc = subprocess.run([sys.executable, *args, "--quiet", "--out", str(tmp_path / "out")], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (task,) = summary["tasks"].values()
+    assert task["episodes"] == 10 and task["errored"] == 0 and summary["agent"]["name"] == "first-action"
