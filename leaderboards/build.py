@@ -34,17 +34,19 @@ def render(subs: list[dict]) -> str:
     lines = ["# crl-bench leaderboards", "",
              "Built by `python -m leaderboards.build` from `leaderboards/submissions/`. "
              "Success is the percentage of episodes solved, ± its standard error; "
-             "episodes per task are shown per column.", ""]
+             "episodes per task are shown per column. Progress is the mean normalised score in [0, 1] "
+             "(for WebShop, the reward: its score is progress × 100).", ""]
     for name in sorted(groups):
         entries = sorted(groups[name], key=lambda s: -s["summary"]["macro"]["success"])
         env_ids = sorted({e for s in entries for e in s["summary"]["tasks"]})
         lines += [f"## {name}", ""]
-        header = ["rank", "name", "agent", "model", "macro success %"] + env_ids + ["verified", "date"]
+        header = ["rank", "name", "agent", "model", "macro success %", "macro progress %"] + env_ids + ["verified", "date"]
         lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
         for rank, s in enumerate(entries, 1):
             m, summ = s["metadata"], s["summary"]
             cells = [str(rank), f"[{m['name']}]({m['url']})" if m["url"] else m["name"], m["agent"], m["model"],
-                     f"{_pct(summ['macro']['success'])} ± {_pct(summ['macro']['success_se'])}"]
+                     f"{_pct(summ['macro']['success'])} ± {_pct(summ['macro']['success_se'])}",
+                     _pct(summ["macro"].get("progress", float("nan")))]
             for e in env_ids:
                 t = summ["tasks"].get(e)
                 cells.append(f"{_pct(t['success'])} ± {_pct(t['success_se'])} (n={t['episodes']})" if t else "–")
