@@ -235,7 +235,13 @@ def agent_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def make_agent(name: str, seed: int, kwargs: dict[str, Any] | None = None, run_dir: Path | None = None) -> Agent:
+def make_agent(
+    name: str,
+    seed: int,
+    kwargs: dict[str, Any] | None = None,
+    run_dir: Path | None = None,
+    flag_keys: tuple[str, ...] = AGENT_FLAGS,
+) -> Agent:
     """Build an agent, passing ``seed`` and ``run_dir`` where its constructor takes them.
 
     Raises:
@@ -245,7 +251,9 @@ def make_agent(name: str, seed: int, kwargs: dict[str, Any] | None = None, run_d
     params = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = dict(kwargs or {})
-    unknown = [k for k in kwargs if k not in params and not takes_any]
+    # Named flags (--experience, --bank, ...) must be real parameters: swallowed by **kwargs they would
+    # reach an LLM backend and fail far from their cause. --agent-arg keys may go to **kwargs.
+    unknown = [k for k in kwargs if k not in params and (k in flag_keys or not takes_any)]
     if unknown:
         flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
         raise ValueError(f"agent {name!r} does not take {flags} (its constructor takes: {', '.join(params) or 'nothing'})")

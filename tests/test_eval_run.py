@@ -261,3 +261,10 @@ def test_the_readme_example_agent_runs_as_written(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     (task,) = summary["tasks"].values()
     assert task["episodes"] == 10 and task["errored"] == 0 and summary["agent"]["name"] == "first-action"
+
+
+def test_a_named_flag_the_agent_lacks_is_refused_even_with_var_kwargs():
+    from eval.run import make_agent
+
+    with pytest.raises(ValueError, match="does not take --experience"):
+        make_agent("llm", 0, {"experience": "on"})
