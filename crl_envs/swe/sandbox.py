@@ -202,14 +202,17 @@ class BwrapSandbox(Sandbox):
 
     def argv(self, command: str) -> list[str]:
         """The full bwrap command line for ``command``."""
-        args = ["bwrap", "--tmpfs", "/"]
+        lim = self.limits
+        # The private /tmp comes first: a venv or checkout that lives under the host's /tmp is bound
+        # on top of it below, instead of being hidden by it.
+        args = ["bwrap", "--tmpfs", "/", "--perms", "1777", "--size", str(lim.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             p = Path("/") / name
             if p.is_symlink():
                 args += ["--symlink", os.readlink(p), str(p)]
             elif p.is_dir():
                 args += ["--ro-bind", str(p), str(p)]
-        made: set[str] = {"/"}
+        made: set[str] = {"/", "/tmp"}
         for src in ("/usr", "/etc", *python_prefixes(self.python)):
             args += _parents(src, made) + ["--ro-bind", src, src]
         for secret in _HIDDEN_FILES:  # in the userns fallback root-owned files would be readable
@@ -220,9 +223,7 @@ class BwrapSandbox(Sandbox):
                 args += ["--tmpfs", secret_dir]
         for host, inside in self.mounts.items():
             args += _parents(inside, made) + ["--ro-bind", host, inside]
-        lim = self.limits
-        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(lim.tmp_mb * 1024 * 1024),
-                 "--tmpfs", "/tmp", "--bind", str(self.workspace), WORKDIR, "--remount-ro", "/",
+        args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.workspace), WORKDIR, "--remount-ro", "/",
                  "--chdir", WORKDIR, "--hostname", "sandbox", "--unshare-ipc", "--unshare-pid", "--unshare-net",
                  "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
         if self.mode == "userns":
