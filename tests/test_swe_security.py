@@ -283,3 +283,18 @@ def test_a_fork_bomb_in_one_sandbox_does_not_starve_another(tmp_path):
     bomb.join()
     _report("neighbour sandbox during a fork bomb", res)
     assert "neighbour-ok" in res.output and "Resource temporarily unavailable" not in res.output
+
+
+def test_an_interpreter_under_the_hosts_tmp_stays_visible_behind_the_private_tmp(tmp_path):
+    # CI clones (and so their venvs) may live under /tmp, which the sandbox replaces with a tmpfs.
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    work = tmp_path / "ws"
+    work.mkdir()
+    box = BwrapSandbox(work, TIGHT, python=str(venv / "bin" / "python"))
+    result = box.run("python -c 'import sys; print(sys.prefix)' && touch /tmp/x && ls /tmp")
+    assert result.exit_code == 0, result.output
+    assert str(venv) in result.output and "x" in result.output.split()
