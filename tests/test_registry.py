@@ -108,18 +108,32 @@ def test_broken_plugin_warns_instead_of_breaking_import(tmp_path):
     assert proc.returncode == 0 and "broken" in proc.stderr and int(proc.stdout) > 0
 
 
-# Families whose own test module runs the kit on every id, with settings sized for that backend.
+# Families whose own test module runs the kit on every id, with settings sized for that backend
+# (test_every_family_runs_the_kit_on_each_of_its_ids checks that it does).
 OWN_KIT_TESTS = {"MiniHack": "tests/test_minihack.py", "ALFWorld": "tests/test_alfworld.py",
                  "WebShop": "tests/test_webshop.py", "SWE": "tests/test_swe.py"}
 
 
-@pytest.mark.parametrize("env_id", crl_env_ids())
-def test_every_registered_env_passes_the_conformance_kit(env_id):
-    from crl_envs.registry import backend_installed, family_of
+def _kit_here(env_id: str) -> bool:
+    from crl_envs.registry import family_of
 
     fam = family_of(env_id)
-    if fam is not None and fam.name in OWN_KIT_TESTS:
-        pytest.skip(f"{env_id}: the kit runs in {OWN_KIT_TESTS[fam.name]}")
+    return fam is None or fam.name not in OWN_KIT_TESTS
+
+
+@pytest.mark.parametrize("env_id", [i for i in crl_env_ids() if _kit_here(i)])
+def test_every_registered_env_passes_the_conformance_kit(env_id):
+    from crl_envs.registry import backend_installed
+
     if not backend_installed(env_id):
         pytest.skip(f"{env_id}: backend not installed")
     check_text_env(env_id)
+
+
+def test_every_family_runs_the_kit_on_each_of_its_ids():
+    from crl_envs.registry import FAMILIES
+
+    for name, path in OWN_KIT_TESTS.items():
+        assert name in FAMILIES
+        text = open(os.path.join(REPO, path), encoding="utf-8").read()
+        assert "check_text_env" in text, f"{path} must run the conformance kit on every {name} id"
