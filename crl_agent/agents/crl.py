@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -251,6 +252,10 @@ class CRLAgent(LLMAgent):
         """Finish queued distillations, save and close the bank, release the models."""
         try:
             if self.manager is not None:
+                pending = self.manager.pending
+                if pending:  # can take minutes with a small CPU model: say so, not look hung
+                    print(f"crl: finishing {pending} queued distillation(s) into the experience bank ...",
+                          file=sys.stderr, flush=True)
                 await self.manager.aclose()
             if self.bank is not None and self.bank._db is not None:
                 self._final = {"bank_entries": len(self.bank), "bank_tasks": self.bank.tasks()}
