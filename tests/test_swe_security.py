@@ -137,8 +137,18 @@ def test_a_fork_bomb_is_capped_and_leaves_nothing_behind(sandbox):
     assert _procs_with(marker) == []
 
 
-def test_a_memory_hog_gets_memory_error(sandbox):
-    res = sandbox.run("python -c 'x = []\nwhile True: x.append(bytearray(50 * 1024 * 1024))'")
+def test_a_memory_hog_gets_memory_error(tmp_path):
+    # A roomier CPU limit than TIGHT, so that on a loaded machine the memory limit, not the CPU
+    # limit, is what stops the hog (zero-filling 768 MB of pages costs CPU time).
+    import dataclasses
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    sb = BwrapSandbox(ws, dataclasses.replace(TIGHT, cpu_s=20, timeout_s=30))
+    try:
+        res = sb.run("python -c 'x = []\nwhile True: x.append(bytearray(50 * 1024 * 1024))'")
+    finally:
+        sb.close()
     _report("memory hog", res)
     assert res.exit_code not in (0, None) and "MemoryError" in res.output
 
