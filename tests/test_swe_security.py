@@ -7,7 +7,6 @@ Run with ``-s`` to see what each attempt got (lines starting with ``SECURITY``).
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import time
 import uuid
@@ -17,16 +16,9 @@ import gymnasium as gym
 import pytest
 
 import crl_envs  # noqa: F401
+from tests.swe_support import skip_module_without_bwrap  # noqa: E402
 
-pytest.importorskip("swebench")
-if shutil.which("bwrap") is None:
-    pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)", allow_module_level=True)
-try:
-    from crl_envs.swe.sandbox import bwrap_mode
-
-    bwrap_mode()
-except RuntimeError as _e:  # bwrap installed but namespaces are not allowed here
-    pytest.skip(str(_e), allow_module_level=True)
+skip_module_without_bwrap()
 
 from crl_envs.swe import grading as grading_mod  # noqa: E402
 from crl_envs.swe.bundled import bundled_instances, bundled_repos_dir  # noqa: E402
