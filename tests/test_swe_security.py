@@ -150,7 +150,8 @@ def test_an_infinite_loop_is_stopped_by_the_cpu_limit_or_the_timeout(sandbox):
     res = sandbox.run("while :; do :; done")
     _report("infinite loop (CPU limit)", res)
     assert time.monotonic() - start < TIGHT.timeout_s + 3
-    assert "SIGXCPU" in res.status_line() or res.timed_out
+    # SIGXCPU at the soft limit; a SIGKILL is the hard limit, reached only if accounting jumped.
+    assert "SIGXCPU" in res.status_line() or res.timed_out or (res.exit_code == 137 and res.duration_s >= TIGHT.cpu_s)
     res = sandbox.run("sleep 100", timeout_s=1.0)
     _report("sleep past the wall clock", res, 1.0)
     assert res.timed_out and "wall-clock timeout" in res.status_line(1.0)

@@ -184,7 +184,10 @@ def kill_group(proc: subprocess.Popen) -> None:
 def _apply_rlimits(limits: Limits) -> None:  # runs in the child between fork and exec
     mib = 1024 * 1024
     for res, soft, hard in (
-        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),  # SIGXCPU first, SIGKILL a second later
+        # SIGXCPU at the soft limit; SIGKILL only at the hard one, which sits far enough above it
+        # that a loaded VM's late CPU-accounting step cannot cross both at once (with a 1 s gap
+        # CI once saw a plain SIGKILL). The wall-clock timeout still bounds a trapped SIGXCPU.
+        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + max(5, limits.cpu_s)),
         (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
         (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
         (resource.RLIMIT_NPROC, limits.nproc, limits.nproc),

@@ -51,7 +51,7 @@ class Limits:
 
     Attributes:
         timeout_s: wall-clock seconds per command.
-        cpu_s: CPU seconds per process (``RLIMIT_CPU``).
+        cpu_s: CPU seconds per process (``RLIMIT_CPU`` soft limit: SIGXCPU; SIGKILL at ``cpu_s + max(5, cpu_s)``).
         memory_mb: address space per process in MiB (``RLIMIT_AS``).
         file_size_mb: largest file a process may write, MiB (``RLIMIT_FSIZE``).
         nproc: processes of the sandbox uid (``RLIMIT_NPROC``; per uid, so shared by concurrent sandboxes).
