@@ -74,6 +74,10 @@ def play(agent, env_id=SOKOBAN, steps=4, seeds=(0,)):
         ("1. Left.", "left", "case_insensitive"),
         ("- RIGHT", "right", "case_insensitive"),
         ("I'll move up now", None, "none"),  # an action word inside a sentence is not guessed
+        ('Your next action is to "left" and you are now facing the box.', "left", "quoted"),
+        ("I could go `up`, but 'Down' is safer", "down", "quoted"),
+        ("Moving “right”.", "right", "quoted"),
+        ("It's the player's turn: \"jump\"", None, "none"),  # quoted, but not an admissible action
         ("", None, "none"),
         ("<action></action>", None, "none"),
         ("<action>   </action> nothing", None, "none"),

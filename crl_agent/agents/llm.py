@@ -9,8 +9,10 @@ actions when the env lists them, and feedback on the previous reply.
 at ``</action>``. :func:`parse_action` is lenient and tries, in order: the tag (also unclosed at
 the end of the reply), the last ``Action: ...`` line, the last line that exactly matches an
 admissible action, the last fenced code block, and the last line that matches an admissible
-action ignoring case, quotes, markdown and a trailing period. A match is mapped onto the
-admissible action's exact spelling.
+action ignoring case, quotes, markdown and a trailing period, and last the last quoted phrase
+(``"north"``, ```north```) that is an admissible action, as in ``My next action is "north".``
+A bare action word inside a sentence (``I'll move up now``) is never guessed. A match is
+mapped onto the admissible action's exact spelling.
 
 **Parse failures.** A reply with no action is *not* replaced by a made-up move: the stripped
 reply itself is sent, so the env scores it exactly like any other bad input (an invalid move,
@@ -46,6 +48,7 @@ _OPEN_TAG_RE = re.compile(r"<action>(.*)\Z", re.DOTALL | re.IGNORECASE)
 _ACTION_LINE_RE = re.compile(r"^[\s>*#-]*\**action\**\s*[:：]\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 _FENCE_RE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)```", re.DOTALL)
 _DECOR = " \t\"'`*_"
+_QUOTED_RE = re.compile(r"\"([^\"\n]+)\"|“([^”\n]+)”|`([^`\n]+)`|(?<![A-Za-z])'([^'\n]+)'(?![A-Za-z])")
 
 
 @dataclass
@@ -55,7 +58,7 @@ class ParsedReply:
     Attributes:
         action: the action to send, or ``None`` when the reply holds none.
         method: which rule found it (``tag``, ``action_line``, ``exact_line``, ``fenced``,
-            ``case_insensitive``) or ``none``.
+            ``case_insensitive``, ``quoted``) or ``none``.
         tool: a tool name (subclasses, e.g. ``"search"``), else ``None``.
         argument: the tool's argument.
     """
@@ -109,6 +112,10 @@ def parse_action(text: str, admissible: list[str] | None = None) -> ParsedReply:
             key = _clean(ln.strip().lstrip("-*>0123456789.) ")).lower()
             if key in lookup:
                 return ParsedReply(lookup[key], "case_insensitive")
+        for groups in reversed(_QUOTED_RE.findall(body)):
+            key = _clean(next(g for g in groups if g)).lower()
+            if key in lookup:
+                return ParsedReply(lookup[key], "quoted")
     return ParsedReply(None, "none")
 
 
