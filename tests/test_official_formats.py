@@ -1,0 +1,239 @@
+"""The loaders on files laid out exactly as the official releases lay them out.
+
+Fixtures are written here in the real formats: ALFWorld's ``alfworld-download`` tree
+(``json_2.1.1/<split>/<task>/<trial>/`` with ``traj_data.json``, ``initial_state.pddl`` and, for most
+trials, ``game.tw-pddl``), WebShop's ``items_shuffle*.json`` / ``items_ins_v2*.json`` /
+``items_human_ins.json``, and SWE-bench instance files as exported from the Hugging Face datasets
+(JSON-encoded test lists, timestamps, numeric versions, extra columns, JSON-lines in a ``.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import crl_envs  # noqa: F401
+
+# =============================================================================================== ALFWorld
+ALF_TASKS = ("pick_and_place_simple", "look_at_obj_in_light")
+
+
+def _traj_data(task_type: str, params: dict, floor_plan: str, trial: str, task_desc: str) -> dict:
+    """A ``traj_data.json`` with the fields of ALFRED's real trajectory files."""
+    scene_num = int(floor_plan.removeprefix("FloorPlan"))
+    return {
+        "images": [{"high_idx": 0, "image_name": "000000000.png", "low_idx": 0}],
+        "pddl_params": {"mrecep_target": "", "object_sliced": False, "object_target": params["object_target"],
+                        "parent_target": params["parent_target"], "toggle_target": params["toggle_target"]},
+        "plan": {"high_pddl": [{"discrete_action": {"action": "GotoLocation", "args": ["sofa"]}, "high_idx": 0}],
+                 "low_actions": [{"api_action": {"action": "MoveAhead", "forceAction": True}, "high_idx": 0}]},
+        "scene": {"dirty_and_empty": False, "floor_plan": floor_plan, "init_action": {"action": "TeleportFull",
+                  "horizon": 30, "rotateOnTeleport": True, "rotation": 90, "x": -1.25, "y": 0.9, "z": 0.5},
+                  "object_poses": [], "object_toggles": [], "random_seed": 1964318146, "scene_num": scene_num},
+        "task_id": trial,
+        "task_type": task_type,
+        "turk_annotations": {"anns": [{"assignment_id": "A1TEST", "high_descs": ["Walk to the sofa."],
+                                       "task_desc": task_desc, "votes": [1, 1, 1]}]},
+    }
+
+
+def _put_trial(split_dir: Path, task_dir: str, trial: str, traj: dict, game: dict | None, problem: str) -> Path:
+    dst = split_dir / task_dir / trial
+    dst.mkdir(parents=True)
+    (dst / "traj_data.json").write_text(json.dumps(traj, indent=4))
+    (dst / "initial_state.pddl").write_text(problem)
+    if game is not None:
+        (dst / "game.tw-pddl").write_text(json.dumps(game))
+    return dst / "game.tw-pddl"
+
+
+@pytest.fixture(scope="module")
+def alf_tree(tmp_path_factory):
+    """An ``alfworld-download`` tree built from two generated games, rewritten in the official form.
+
+    valid_unseen: a pick-and-place game whose walkthrough uses the pre-0.4 ``put X in/on Y``
+    spelling, a second trial of the same task without ``game.tw-pddl`` (as in the real tree), a
+    look-at-in-light game without a ``walkthrough`` key, and a movable-receptacle trial;
+    valid_seen and train: one game each. No file carries crl's own ``crl`` key.
+    """
+    pytest.importorskip("alfworld")
+    pytest.importorskip("textworld")
+    from alfworld.agents.utils.misc import add_task_to_grammar
+    from alfworld.info import ALFRED_TWL2_PATH
+
+    from crl_envs.alfworld import games as games_mod
+
+    old_cache = os.environ.get("CRL_CACHE")
+    os.environ["CRL_CACHE"] = str(tmp_path_factory.mktemp("crl_cache"))
+    try:
+        sources = {t: games_mod.get_game(t, 0) for t in ALF_TASKS}
+    finally:
+        if old_cache is None:
+            os.environ.pop("CRL_CACHE", None)
+        else:
+            os.environ["CRL_CACHE"] = old_cache
+    root = tmp_path_factory.mktemp("alfworld") / "data"
+    grammar_src = Path(ALFRED_TWL2_PATH).read_text()
+    rng = random.Random(0)
+    made: dict[str, list[str]] = {"train": [], "valid_seen": [], "valid_unseen": []}
+    for n, task_type in enumerate(ALF_TASKS):
+        src = json.loads(Path(sources[task_type]).read_text())
+        spec = src["crl"]
+        params = {k: spec[k] for k in ("object_target", "parent_target", "toggle_target")}
+        floor_plan = f"FloorPlan{spec['floor_plan']}"
+        task_dir = "-".join([task_type, params["object_target"], "None",
+                             params["parent_target"] or params["toggle_target"], str(spec["floor_plan"])])
+        for split in made:
+            trial = f"trial_T2019090{n + 1}_17412{len(made[split])}_04346{n}"
+            traj = _traj_data(task_type, params, floor_plan, trial, f"Put the {params['object_target']} away.")
+            random.seed(rng.random())  # add_task_to_grammar draws its template from the global random
+            game = {"pddl_domain": src["pddl_domain"], "grammar": add_task_to_grammar(grammar_src, traj),
+                    "pddl_problem": src["pddl_problem"], "solvable": True, "walkthrough": list(src["walkthrough"])}
+            if task_type == "pick_and_place_simple":
+                game["walkthrough"] = [c.replace(" to ", " in/on ").replace("move ", "put ", 1)
+                                       if c.startswith("move ") else c for c in game["walkthrough"]]
+            else:
+                del game["walkthrough"]  # the older (0.2.2) assets have no walkthrough
+            made[split].append(str(_put_trial(root / "json_2.1.1" / split, task_dir, trial, traj, game,
+                                              src["pddl_problem"])))
+            if split == "valid_unseen" and n == 0:  # the same task, a trial that has no game.tw-pddl
+                _put_trial(root / "json_2.1.1" / split, task_dir, trial + "9", traj, None, src["pddl_problem"])
+                movable = "pick_and_place_with_movable_recep-Pillow-Box-ArmChair-217"
+                _put_trial(root / "json_2.1.1" / split, movable, trial, {**traj, "task_type": movable.split("-")[0]},
+                           game, src["pddl_problem"])
+    (root / "logic").mkdir()
+    (root / "logic" / "alfred.twl2").write_text(grammar_src)
+    return root, {k: sorted(v) for k, v in made.items()}
+
+
+def _alfworld_own_collect(split_path: Path) -> list[str]:
+    """The games alfworld 0.4.2's own ``AlfredTWEnv.collect_game_files`` keeps (its 134 on valid_unseen)."""
+    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
+
+    config = {"env": {"goal_desc_human_anns_prob": 0.0, "task_types": [1, 2, 3, 4, 5, 6]},
+              "dataset": {"eval_ood_data_path": str(split_path), "num_eval_games": -1}}
+    return sorted(AlfredTWEnv(config, train_eval="eval_out_of_distribution").game_files)
+
+
+def test_alfworld_download_tree_lists_each_split_and_skips_trials_without_a_game_file(alf_tree):
+    from crl_envs.alfworld.official import official_games
+
+    root, made = alf_tree
+    for split, games in made.items():
+        assert list(official_games(split, str(root))) == games
+    unseen = root / "json_2.1.1" / "valid_unseen"
+    assert len([p for p in unseen.rglob("traj_data.json")]) == 4  # 2 games, 1 trial without one, 1 movable
+    assert list(official_games("valid_unseen", str(root))) == _alfworld_own_collect(unseen)
+
+
+def test_official_game_count_matches_alfworlds_own_loader_on_every_skip_rule(tmp_path):
+    """The rules that make valid_unseen 134 games: same set as alfworld's own collector."""
+    from crl_envs.alfworld.official import official_games
+
+    split = tmp_path / "json_2.1.1" / "valid_unseen"
+    game = {"pddl_domain": "(define (domain alfred))", "grammar": "grammar :: ...", "pddl_problem": "(define)",
+            "solvable": True, "walkthrough": ["look"]}
+    params = {"object_target": "Mug", "parent_target": "Shelf", "toggle_target": ""}
+    cases = {  # task folder -> (task_type in traj_data, game.tw-pddl or None)
+        "pick_and_place_simple-Mug-None-Shelf-308": ("pick_and_place_simple", game),
+        "pick_two_obj_and_place-Mug-None-Shelf-308": ("pick_two_obj_and_place", game),
+        "pick_cool_then_place_in_recep-Mug-None-Shelf-308": ("pick_cool_then_place_in_recep", None),
+        "pick_heat_then_place_in_recep-Mug-None-Shelf-308": ("pick_heat_then_place_in_recep", {**game, "solvable": False}),
+        "pick_clean_then_place_in_recep-Mug-None-Shelf-308": ("pick_clean_then_place_in_recep",
+                                                              {k: v for k, v in game.items() if k != "solvable"}),
+        "pick_and_place_with_movable_recep-Mug-Pan-Shelf-308": ("pick_and_place_with_movable_recep", game),
+        "pick_and_place_simple-AppleSliced-None-Shelf-308": ("pick_and_place_simple", game),
+        "look_at_obj_in_light-Mug-None-DeskLamp-308": ("look_at_obj_in_light", game),
+    }
+    for i, (task_dir, (task_type, g)) in enumerate(sorted(cases.items())):
+        for t in range(2):
+            trial = f"trial_T20190908_0{i}{t}000_000000"
+            _put_trial(split, task_dir, trial, _traj_data(task_type, params, "FloorPlan308", trial, "x"), g, "(p)")
+    ours = list(official_games("valid_unseen", str(tmp_path)))
+    assert ours == _alfworld_own_collect(split) and len(ours) == 6
+
+
+def test_alfworld_data_may_name_json_2_1_1_itself_or_use_vars_and_home(alf_tree, monkeypatch):
+    from crl_envs.alfworld.official import official_games
+
+    root, made = alf_tree
+    assert list(official_games("valid_unseen", str(root / "json_2.1.1"))) == made["valid_unseen"]
+    monkeypatch.setenv("CRL_TEST_ALF_ROOT", str(root))
+    monkeypatch.setenv("ALFWORLD_DATA", "$CRL_TEST_ALF_ROOT/json_2.1.1")
+    assert list(official_games("valid_seen")) == made["valid_seen"]
+    monkeypatch.setenv("HOME", str(root.parent))
+    monkeypatch.setenv("ALFWORLD_DATA", "~/data")
+    assert list(official_games("train")) == made["train"]
+
+
+def test_unset_alfworld_data_falls_back_to_alfworld_downloads_default_folder(alf_tree, monkeypatch, tmp_path):
+    from crl_envs.alfworld.official import OfficialDataNotFound, official_games
+
+    root, made = alf_tree
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(OfficialDataNotFound, match=r"ALFWORLD_DATA is not set.*alfworld-download"):
+        official_games("valid_unseen")
+    (tmp_path / ".cache" / "alfworld").mkdir(parents=True)
+    (tmp_path / ".cache" / "alfworld" / "json_2.1.1").symlink_to(root / "json_2.1.1")
+    assert len(official_games("valid_unseen")) == len(made["valid_unseen"])
+
+
+def test_a_data_folder_whose_own_path_says_movable_or_sliced_still_loads(alf_tree, tmp_path):
+    from crl_envs.alfworld.official import official_games
+
+    root, made = alf_tree
+    moved = tmp_path / "runs_movable_Sliced" / "alfworld"
+    shutil.copytree(root / "json_2.1.1" / "valid_seen", moved / "json_2.1.1" / "valid_seen")
+    assert len(official_games("valid_seen", str(moved))) == len(made["valid_seen"])
+
+
+@pytest.mark.parametrize(("file", "content", "match"), [
+    ("traj_data.json", "{truncated", r"traj_data\.json: not a readable JSON file"),
+    ("traj_data.json", json.dumps({"scene": {}}), r"traj_data\.json: field 'task_type' is missing"),
+    ("game.tw-pddl", "", r"game\.tw-pddl: not a readable JSON file"),
+    ("game.tw-pddl", json.dumps({"pddl_domain": "(d)", "grammar": "g", "solvable": True}),
+     r"game\.tw-pddl: field 'pddl_problem' is missing"),
+    ("game.tw-pddl", json.dumps(["not", "a", "game"]), r"game\.tw-pddl: a game\.tw-pddl file must hold a JSON object"),
+])
+def test_broken_official_files_raise_errors_naming_the_file_and_field(alf_tree, tmp_path, file, content, match):
+    from crl_envs.alfworld.official import OfficialDataError, official_games
+
+    root, made = alf_tree
+    shutil.copytree(root / "json_2.1.1" / "train", tmp_path / "json_2.1.1" / "train")
+    target = Path(made["train"][0].replace(str(root), str(tmp_path))).parent / file
+    target.write_text(content)
+    with pytest.raises(OfficialDataError, match=match) as err:
+        official_games("train", str(tmp_path))
+    assert str(target) in str(err.value)
+
+
+def test_official_env_plays_realistic_games_end_to_end_and_the_oracle_wins(alf_tree):
+    root, made = alf_tree
+    env = gym.make("crl/ALFWorld-Official-v0", data_path=str(root))
+    try:
+        for seed, game_file in enumerate(made["valid_unseen"]):
+            obs, info = env.reset(seed=seed)
+            assert info["game_file"] == game_file and info["task_type"] in ALF_TASKS
+            assert "Your task is to:" in obs and info["task"] and "UNKNOWN GOAL" not in info["task"]
+            assert info["admissible_actions"] and "look" in info["admissible_actions"]
+            for _ in range(50):
+                obs, reward, terminated, truncated, info = env.step(env.unwrapped.oracle_action())
+                assert info["valid_action"], obs
+                if terminated or truncated:
+                    break
+            assert terminated and reward == 1.0 and info["success"]
+    finally:
+        env.close()
+    seen = gym.make("crl/ALFWorld-Official-v0", data_path=str(root / "json_2.1.1"), split="valid_seen")
+    try:
+        _, info = seen.reset(seed=0)
+        assert info["game_file"] == made["valid_seen"][0]
+    finally:
+        seen.close()
