@@ -68,26 +68,26 @@ def test_a_hung_step_times_out_within_its_limit():
         t = time.monotonic()
         with pytest.raises(EnvError, match="timeout"):
             pool.step(0, "hang")
-        assert time.monotonic() - t < 1.0 + 1.5
+        assert time.monotonic() - t < 1.0 + 4.0  # the limit plus room for a loaded machine
         pool.reset(0, seed=0)
         assert pool.step(0, "5")[4]["valid_action"]
 
 
 def test_slow_slot_does_not_block_other_workers():
     async def main():
-        async with EnvPool(["test/Faulty-v0", "test/Guess-v0"], num_workers=2, timeout=2.0) as pool:
+        async with EnvPool(["test/Faulty-v0", "test/Guess-v0"], num_workers=2, timeout=4.0) as pool:
             await pool.reset(0, seed=0)
             await pool.reset(1, seed=0)
             hung = asyncio.create_task(pool.step(0, "hang"))
-            t = time.monotonic()
+            await asyncio.sleep(0)
             for _ in range(20):
                 await pool.step(1, "5")
-            fast = time.monotonic() - t
+            served_while_hung = not hung.done()  # a blocking pool would serve them only after the timeout
             with pytest.raises(EnvError):
                 await hung
-            return fast
+            return served_while_hung
 
-    assert asyncio.run(main()) < 1.5
+    assert asyncio.run(main())
 
 
 def test_close_leaves_no_processes_threads_or_fds():
