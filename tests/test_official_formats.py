@@ -237,3 +237,157 @@ def test_official_env_plays_realistic_games_end_to_end_and_the_oracle_wins(alf_t
         assert info["game_file"] == made["valid_seen"][0]
     finally:
         seen.close()
+
+
+# ================================================================================================ WebShop
+def _ws_item(asin: str, **fields) -> dict:
+    """A product row with the keys of the real ``items_shuffle*.json`` (scraped Amazon pages)."""
+    item = {
+        "name": f"Product {asin}", "full_description": "", "pricing": "$9.99", "images": [
+            f"https://m.media-amazon.com/images/I/{asin}.jpg"], "product_category": "Beauty & Personal Care › Skin Care",
+        "average_rating": 4.4, "small_description": ["Great product"], "model": "", "customization_options": {},
+        "seller_id": "A2TEST", "seller_name": "Seller", "fulfilled_by_amazon": True, "fast_track_message": "",
+        "aplus_present": True, "small_description_old": "", "brand": "Brand", "brand_url": "", "list_price": "",
+        "availability_quantity": None, "availability_status": "In Stock.", "total_reviews": 7,
+        "total_answered_questions": 0, "product_information": {"ASIN": asin}, "asin": asin,
+        "category": "beauty", "query": "body butter", "page": 1,
+    }
+    item.update(fields)
+    return item
+
+
+def _ws_opts(**named: list) -> dict:
+    return {name.replace("_", " ").title(): [{"value": v, "image": f"https://m.media-amazon.com/images/I/{v}.jpg"}
+                                             for v in values] for name, values in named.items()}
+
+
+WS_PRODUCTS = [
+    _ws_item("B08UNICODE", name="Crème Brûlée Körperbutter – Shea & Cocoa Body Butter, 200 ml (6.7 fl oz)",
+             full_description="Whipped body butter with shea, cocoa and a crème brûlée scent. Parfümfrei option.",
+             pricing="$12.99", average_rating="4.6 out of 5 stars",
+             customization_options={**_ws_opts(scent=["Vanilla/Bean", "Crème Brûlée"], size=["6.7 Fl Oz (Pack of 1)"]),
+                                    "Color": []}),
+    _ws_item("B07TITLEON", name=None, Title="Stainless Steel Travel Mug, 16 oz, Leak Proof Lid", query="travel mug",
+             category="kitchen", product_category="Home & Kitchen › Kitchen & Dining › Travel Mugs",
+             full_description="Vacuum insulated stainless steel travel mug with a leak proof lid.",
+             pricing=None, customization_options=None, small_description=None, average_rating=None),
+    _ws_item("B09RANGE01", name="Men's Cotton Crew Neck T-Shirt, Pack of 3", query="t shirt", category="fashion",
+             product_category="Clothing, Shoes & Jewelry › Men › Clothing › T-Shirts",
+             full_description="Soft breathable cotton crew neck tee.", pricing="$10.99 - $15.99",
+             customization_options={"Size": None, "Color": [{"value": "Navy Blue", "image": None}, {"value": ""},
+                                                            {"image": "https://x/no-value.jpg"}],
+                                    "Fit Type": [{"value": "Regular"}, {"value": "Big & Tall"}]},
+             small_description="Machine wash"),
+    _ws_item("B0NOPRICE1", name="Organic Green Tea Bags, 100 Count", query="green tea", category="grocery",
+             product_category="Grocery & Gourmet Food › Beverages › Tea", pricing="Currently unavailable.",
+             full_description="Organic green tea, individually wrapped bags."),
+    _ws_item("B0EXPENSV1", name="Espresso Machine with Milk Frother, 15 Bar", query="espresso machine",
+             category="kitchen", product_category="Home & Kitchen › Coffee, Tea & Espresso", pricing="$1,249.00",
+             full_description="A 15 bar espresso machine with a steam wand for milk frothing."),
+]
+
+WS_ATTRIBUTES = {
+    "B08UNICODE": {"attributes": ["shea butter", "cruelty free", "dry skin"], "instruction": "i want body butter",
+                   "instruction_attributes": ["dry skin"], "instruction_options": {"scent": "vanilla | bean"}},
+    "B07TITLEON": [{"attributes": ["leak proof", "stainless steel"], "instruction": "i want a leak proof mug",
+                    "instruction_attributes": ["leak proof"], "instruction_options": []}],
+    "B09RANGE01": {"attributes": ["machine wash", "cotton"]},
+}
+
+
+def _human(asin: str, text: str, attrs: list, options, n: int) -> dict:
+    return {"asin": asin, "instruction": text, "instruction_attributes": attrs, "instruction_options": options,
+            "assignment_id": f"3ASSIGN{n}", "worker_id": f"AWORKER{n}"}
+
+
+WS_HUMAN = {
+    "B08UNICODE": [_human("B08UNICODE", "i'm looking for a crème brûlée body butter for dry skin in vanilla | bean "
+                          "scent.", ["dry skin"], ["vanilla | bean", "6.7 fl oz (pack of 1)"], 1)],
+    "B07TITLEON": _human("B07TITLEON", "i need a leak proof stainless steel travel mug.", ["leak proof"], [], 2),
+    "B09RANGE01": [_human("B09RANGE01", "i want a navy blue cotton crew neck t-shirt, big & tall.",
+                          ["cotton"], {"color": "navy blue", "fit type": "big & tall"}, 3),
+                   _human("B09RANGE01", "a t-shirt", [], [], 4)],
+    "B0NOPRICE1": [_human("B0NOPRICE1", "organic green tea bags, 100 count", ["organic"], None, 5)],
+    "B0EXPENSV1": [_human("B0EXPENSV1", "i want an espresso machine with a milk frother", ["milk frother"], [], 6)],
+    "B0NOTINCAT": [_human("B0NOTINCAT", "a product outside the 1000", ["x"], [], 7)],
+}
+
+
+def _write_webshop(folder: Path, products=WS_PRODUCTS, attributes=WS_ATTRIBUTES, human=WS_HUMAN) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "items_shuffle_1000.json").write_text(json.dumps(products, ensure_ascii=False), encoding="utf-8")
+    (folder / "items_ins_v2_1000.json").write_text(json.dumps(attributes), encoding="utf-8")
+    (folder / "items_human_ins.json").write_text(json.dumps(human), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ws_dir(tmp_path_factory) -> Path:
+    return _write_webshop(tmp_path_factory.mktemp("webshop_official") / "data")
+
+
+@pytest.mark.parametrize(("pricing", "expected"), [
+    ("$12.99", [12.99]), ("$10.99 - $15.99", [10.99, 15.99]), ("$1,249.00", [1249.0]), ("", [100.0]),
+    (None, [100.0]), ("Currently unavailable.", [100.0]), ("$", [100.0]), ("$ 7.50", [7.5]),
+    ("$0.99 - $1.49 - $2.00", [0.99, 1.49]), ("$12.99.1", [100.0]), (8.5, [8.5]),
+])
+def test_webshop_pricing_strings_in_every_shape_the_scrape_has(pricing, expected):
+    from crl_envs.webshop.official import parse_pricing
+
+    assert parse_pricing(pricing) == expected
+
+
+def test_webshop_realistic_catalog_loads_titles_options_attributes_and_goals(ws_dir):
+    from crl_envs.webshop.official import load_official
+
+    products, goals = load_official(ws_dir)
+    by = {p.asin: p for p in products}
+    assert list(by) == ["B08UNICODE", "B07TITLEON", "B09RANGE01", "B0NOPRICE1", "B0EXPENSV1"]
+    assert by["B08UNICODE"].title.startswith("Crème Brûlée Körperbutter")
+    assert by["B08UNICODE"].options == {"scent": ["vanilla | bean", "crème brûlée"], "size": ["6.7 fl oz (pack of 1)"]}
+    assert by["B07TITLEON"].title.startswith("Stainless Steel Travel Mug")  # only a "Title" key
+    assert by["B07TITLEON"].attributes == ["leak proof", "stainless steel"]  # items_ins_v2 entry given as a list
+    assert by["B07TITLEON"].pricing == [100.0] and by["B07TITLEON"].features == [] and by["B07TITLEON"].options == {}
+    assert by["B09RANGE01"].options == {"color": ["navy blue"], "fit type": ["regular", "big & tall"]}
+    assert by["B09RANGE01"].features == ["Machine wash"] and 10.99 <= by["B09RANGE01"].price <= 15.99
+    assert by["B0NOPRICE1"].pricing == [100.0] and by["B0NOPRICE1"].attributes == ["DUMMY_ATTR"]
+    assert {g.asin for g in goals} == {"B08UNICODE", "B07TITLEON", "B09RANGE01", "B0NOPRICE1", "B0EXPENSV1"}
+    expensive = next(g for g in goals if g.asin == "B0EXPENSV1")
+    assert "price lower than" not in expensive.instruction_text and expensive.price_upper >= 1e6
+    mug = next(g for g in goals if g.asin == "B07TITLEON")
+    assert mug.name == by["B07TITLEON"].title and mug.instruction_text.startswith("i need a leak proof")
+
+
+def test_webshop_official_env_serves_human_instructions_and_the_oracle_earns_1(ws_dir):
+    env = gym.make("crl/WebShop-Official-v0", data_dir=str(ws_dir), split="all")
+    n = len(env.unwrapped.goals)
+    assert n == 5
+    for seed in range(n):
+        obs, info = env.reset(seed=seed)
+        assert info["task"] in obs
+        for _ in range(15):
+            obs, reward, terminated, truncated, info = env.step(env.unwrapped.oracle_action())
+            assert info["valid_action"], obs
+            if terminated or truncated:
+                break
+        assert terminated and reward == 1.0, (info["task"], info.get("reward_info"))
+        assert info["purchased_asin"] == env.unwrapped.site.goal.asin
+    env.close()
+
+
+@pytest.mark.parametrize(("which", "bad", "match"), [
+    ("human", {"B08UNICODE": ["just a string"]}, r"items_human_ins\.json: asin 'B08UNICODE', instruction 0"),
+    ("human", [{"asin": "B08UNICODE"}], r"items_human_ins\.json: must map each asin to its instructions"),
+    ("human", {"B08UNICODE": [{"instruction_attributes": ["dry skin"]}]},
+     r"items_human_ins\.json: asin 'B08UNICODE', instruction 0: field 'instruction'"),
+    ("human", {"B0NOTINCAT": WS_HUMAN["B0NOTINCAT"]}, r"no usable human instruction.*items_shuffle_1000\.json"),
+    ("products", {"B08UNICODE": WS_PRODUCTS[0]}, r"items_shuffle_1000\.json must hold a JSON list"),
+])
+def test_webshop_malformed_files_name_the_file_and_field(tmp_path, which, bad, match):
+    from crl_envs.webshop.official import WebShopDataError, load_official
+
+    kwargs = {"products": bad} if which == "products" else {"human": bad}
+    folder = _write_webshop(tmp_path / "data", **kwargs)
+    with pytest.raises(WebShopDataError, match=match) as err:
+        load_official(folder)
+    assert str(folder) in str(err.value)

@@ -22,6 +22,13 @@ instructions without attributes are skipped; human instructions carry no price, 
 shuffled with ``random.seed(233)``. The official code draws the range prices and price
 bounds from an unseeded ``random``; we seed that stream (``OFFICIAL_PRICE_SEED``) so runs
 are reproducible, and the goal order matches the official one.
+
+Beyond the official loader (which would crash): a product with ``Title`` instead of ``name`` keeps
+its title; an ``items_ins_v2`` or ``items_human_ins`` entry that is one object instead of a list
+of objects is read as a list of one; options without values are dropped; an unparsable price is
+$100. A human instruction that is not an object, lacks ``instruction`` or has ill-typed
+attributes/options, a human file that is not an asin map, or data where no instruction names a
+loaded product raise :class:`WebShopDataError` naming the file, the asin and the field.
 """
 
 from __future__ import annotations
@@ -126,6 +133,8 @@ def _options(raw: Any) -> dict[str, list[str]]:
     for name, contents in raw.items():
         if not contents:
             continue
+        if not isinstance(contents, list):  # one {"value", "image"} instead of a list of them
+            contents = [contents]
         values = []
         for c in contents:
             v = c.get("value") if isinstance(c, dict) else c
@@ -166,9 +175,14 @@ def _load_cached(items_path: str, attrs_path: str, human_path: str, reviews_path
                  num_products: int | None) -> tuple[list[Product], list[Goal]]:
     raw = _read_json(Path(items_path))
     if not isinstance(raw, list):
-        raise WebShopDataError(f"{items_path} must hold a JSON list of products; " + HOW_TO_GET)
+        raise WebShopDataError(f"{items_path} must hold a JSON list of products, not a {type(raw).__name__}; "
+                               + HOW_TO_GET)
     attributes = _read_json(Path(attrs_path)) if attrs_path != "None" else {}
     human = _read_json(Path(human_path))
+    if not isinstance(human, dict):
+        raise WebShopDataError(f"{human_path}: must map each asin to its instructions (a JSON object asin -> list of "
+                               f"{{instruction, instruction_attributes, instruction_options}}), not a "
+                               f"{type(human).__name__}; " + HOW_TO_GET)
     reviews: dict[str, dict] = {}
     if reviews_path != "None":
         reviews = {r["asin"]: r for r in _read_json(Path(reviews_path)) if isinstance(r, dict) and "asin" in r}
@@ -182,35 +196,84 @@ def _load_cached(items_path: str, attrs_path: str, human_path: str, reviews_path
         if asin == "nan" or len(asin) > 10 or asin in seen:
             continue
         seen.add(asin)
-        pricing = parse_pricing(p.get("pricing"))
-        price = pricing[0] if len(pricing) == 1 else rng.uniform(*pricing)
-        small = p.get("small_description") or []
-        features = [str(s) for s in small] if isinstance(small, list) else [str(small)]
-        rev = reviews.get(asin, {})
-        rating = p.get("average_rating", rev.get("average_rating", "N.A."))
-        attr_entry = attributes.get(asin) if isinstance(attributes, dict) else None
-        attrs = attr_entry.get("attributes") if isinstance(attr_entry, dict) else None
-        products.append(Product(
-            asin=asin, title=str(p.get("name") or ""), category=str(p.get("category") or ""),
-            query=str(p.get("query") or "").lower().strip(), product_category=str(p.get("product_category") or ""),
-            pricing=pricing, price=price, attributes=list(attrs) if attrs else ["DUMMY_ATTR"],
-            options=_options(p.get("customization_options")), description=str(p.get("full_description") or ""),
-            features=features, reviews=_reviews(p.get("Reviews") or p.get("reviews") or rev.get("reviews")),
-            rating=str(rating if rating not in (None, "") else "N.A."),
-        ))
+        products.append(_product(p, asin, _catalog_attributes(attributes, asin), reviews.get(asin, {}), rng))
     goals: list[Goal] = []
     for product in products:
-        for ins in human.get(product.asin, []) if isinstance(human, dict) else []:
-            attrs = ins.get("instruction_attributes") or []
+        for ins in _instructions(human, product.asin, human_path):
+            attrs = ins["instruction_attributes"]
             if not attrs:
                 continue
             upper, price_text = price_bound(product.price, rng)
-            options = ins.get("instruction_options") or []
+            options = ins["instruction_options"]
             goals.append(Goal(
-                asin=product.asin, instruction_text=str(ins.get("instruction", "")).strip(".") + price_text,
-                attributes=list(attrs), goal_options=dict(options) if isinstance(options, dict) else list(options),
-                price_upper=upper, query=product.query, category=product.category,
-                product_category=product.product_category, name=product.title,
+                asin=product.asin, instruction_text=ins["instruction"].strip().strip(".") + price_text,
+                attributes=attrs, goal_options=options, price_upper=upper, query=product.query,
+                category=product.category, product_category=product.product_category, name=product.title,
             ))
+    if not goals:
+        raise WebShopDataError(f"no usable human instruction: none of the asins of {human_path} with instruction "
+                               f"attributes is among the {len(products)} products read from {items_path}; "
+                               "pair items_human_ins.json with the items_shuffle file of the same release")
     random.Random(GOAL_SHUFFLE_SEED).shuffle(goals)
     return products, goals
+
+
+def _product(p: dict[str, Any], asin: str, attrs: list[str] | None, rev: dict[str, Any], rng: random.Random
+             ) -> Product:
+    """One product row after the official clean-up (``name`` or ``Title`` as the title)."""
+    pricing = parse_pricing(p.get("pricing"))
+    price = pricing[0] if len(pricing) == 1 else rng.uniform(*pricing)
+    small = p.get("small_description")
+    features = [str(s) for s in small if s] if isinstance(small, list) else ([str(small)] if small else [])
+    rating = p.get("average_rating", rev.get("average_rating", "N.A."))
+    return Product(
+        asin=asin, title=str(p.get("name") or p.get("Title") or ""), category=str(p.get("category") or ""),
+        query=str(p.get("query") or "").lower().strip(), product_category=str(p.get("product_category") or ""),
+        pricing=pricing, price=price, attributes=list(attrs) if attrs else ["DUMMY_ATTR"],
+        options=_options(p.get("customization_options")),
+        description=str(p.get("full_description") or p.get("Description") or ""), features=features,
+        reviews=_reviews(p.get("Reviews") or p.get("reviews") or rev.get("reviews")),
+        rating=str(rating if rating not in (None, "") else "N.A."),
+    )
+
+
+def _catalog_attributes(attributes: Any, asin: str) -> list[str] | None:
+    """The product's ``attributes`` from ``items_ins_v2`` (an entry may be one object or a list of them)."""
+    entry = attributes.get(asin) if isinstance(attributes, dict) else None
+    for e in entry if isinstance(entry, list) else [entry]:
+        if isinstance(e, dict) and isinstance(e.get("attributes"), list):
+            return [str(a) for a in e["attributes"]]
+    return None
+
+
+def _instructions(human: dict[str, Any], asin: str, path: str) -> list[dict[str, Any]]:
+    """The asin's human instructions, validated (one object is taken as a list of one)."""
+    entry = human.get(asin)
+    if entry is None:
+        return []
+    entries = [entry] if isinstance(entry, dict) else entry
+    if not isinstance(entries, list):
+        raise WebShopDataError(f"{path}: asin {asin!r}: expected a list of instructions, not a {type(entry).__name__}")
+    out = []
+    for n, ins in enumerate(entries):
+        where = f"{path}: asin {asin!r}, instruction {n}"
+        if not isinstance(ins, dict):
+            raise WebShopDataError(f"{where}: expected an object with instruction, instruction_attributes and "
+                                   f"instruction_options, not a {type(ins).__name__}")
+        text = ins.get("instruction")
+        if not isinstance(text, str) or not text.strip():
+            raise WebShopDataError(f"{where}: field 'instruction' must be a non-empty string")
+        attrs = ins.get("instruction_attributes") or []
+        if not isinstance(attrs, list):
+            raise WebShopDataError(f"{where}: field 'instruction_attributes' must be a list of strings")
+        options = ins.get("instruction_options") or []
+        if isinstance(options, dict):
+            options = {str(k).lower(): str(v).lower() for k, v in options.items() if v is not None}
+        elif isinstance(options, list):
+            options = [str(v).lower() for v in options if v is not None]
+        else:
+            raise WebShopDataError(f"{where}: field 'instruction_options' must be a list of option values "
+                                   "(or an object option name -> value)")
+        out.append({"instruction": text, "instruction_attributes": [str(a) for a in attrs],
+                    "instruction_options": options})
+    return out
