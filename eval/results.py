@@ -38,6 +38,19 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def json_default(obj: Any) -> Any:
+    """JSON for what ``json`` cannot write: numpy scalars as numbers, anything else as its ``str``."""
+    item = getattr(obj, "item", None)
+    if callable(item):
+        try:
+            value = item()
+        except (TypeError, ValueError):
+            value = None
+        if isinstance(value, (bool, int, float, str)):
+            return value
+    return str(obj)
+
+
 def episode_key(env_id: str, seed: int) -> str:
     return f"{env_id}#{seed}"
 
@@ -72,8 +85,10 @@ class EpisodeLog:
 
     def append(self, result: EpisodeResult, **fields: Any) -> dict[str, Any]:
         record = {**asdict(result), **fields, "key": episode_key(result.env_id, result.seed)}
+        line = json.dumps(record, default=json_default)  # an agent's non-JSON extra must not lose the episode
+        record = json.loads(line)
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
         return record
@@ -172,7 +187,11 @@ def summarize(
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically, so a kill never leaves half a summary."""
+    """Write atomically, so a kill never leaves half a summary.
+
+    Values JSON cannot hold (a ``Path`` in an agent's config, a callable in a plugin's spec kwargs) are
+    written as numbers (numpy scalars) or as their ``str``, so a finished run never fails at its last step.
+    """
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=True, default=json_default) + "\n", encoding="utf-8")
     os.replace(tmp, path)

@@ -29,7 +29,7 @@ from crl_agent.agents import BUILTIN, Agent, EpisodeContext, EpisodeResult, load
 from crl_envs.core import TextEnv
 from crl_envs.pool import BACKENDS, EnvPool, make_pool
 from eval import report
-from eval.results import EpisodeLog, episode_key, summarize, write_json
+from eval.results import EpisodeLog, episode_key, json_default, summarize, write_json
 from eval.suites import TASK_SETS, TaskSetError, resolve_tasks
 
 
@@ -128,7 +128,11 @@ async def run_episode(env: LocalHandle | PoolHandle, agent: Agent, env_id: str, 
         obs, info = await env.reset(seed)
         policy = agent.make_policy(ctx)
         while not (term or trunc):
-            action = await policy.act(obs, info)
+            pending = policy.act(obs, info)
+            if not inspect.isawaitable(pending):
+                raise TypeError(f"{type(policy).__qualname__}.act returned {type(pending).__name__}, not an awaitable: "
+                                "declare it `async def act(self, obs, info)`")
+            action = await pending
             obs, reward, term, trunc, info = await env.step(action)
             actions += 1
             invalid += not info.get("valid_action", True)
@@ -170,8 +174,12 @@ async def run_task(
     backend: str = "process",
     position: int = 0,
     make_kwargs: dict[str, Any] | None = None,
+    record_fields: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``seeds`` of one task with ``concurrency`` envs, in-process or in ``num_workers`` processes."""
+    """Run ``seeds`` of one task with ``concurrency`` envs, in-process or in ``num_workers`` processes.
+
+    ``record_fields`` are added to every episode record (the run configuration ``--resume`` checks).
+    """
     n_envs = max(1, min(concurrency, len(seeds)))
     pool = None
     try:
@@ -201,7 +209,7 @@ async def run_task(
             result = await run_episode(env, agent, env_id, seed, i)
         finally:
             envs.put_nowait(env)
-        records.append(log.append(result))
+        records.append(log.append(result, **(record_fields or {})))
         bar.update(1)
         bar.set_postfix(success=f"{sum(r['success'] for r in records) / len(records):.2f}")
 
@@ -255,13 +263,44 @@ def make_agent(
     # reach an LLM backend and fail far from their cause. --agent-arg keys may go to **kwargs.
     unknown = [k for k in kwargs if k not in params and (k in flag_keys or not takes_any)]
     if unknown:
-        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        flags = ", ".join("--" + k.replace("_", "-") if k in flag_keys else f"--agent-arg {k}" for k in unknown)
         raise ValueError(f"agent {name!r} does not take {flags} (its constructor takes: {', '.join(params) or 'nothing'})")
     if "seed" in params:
         kwargs["seed"] = seed
     if "run_dir" in params and run_dir is not None:
         kwargs["run_dir"] = str(run_dir)
     return cls(**kwargs)
+
+
+def episode_identity(
+    args: argparse.Namespace, kwargs: dict[str, Any], env_id: str, step_caps: dict[str, dict[str, int]]
+) -> dict[str, Any]:
+    """What makes an episode of ``env_id`` comparable with another: agent, its options, seed and step cap.
+
+    It is stored in every episode record, so ``--resume`` can refuse to mix runs of different configurations.
+    """
+    cap = step_caps.get(env_id, {}).get("max_episode_steps", gym.spec(env_id).max_episode_steps)
+    ident = {"agent": BUILTIN.get(args.agent, args.agent), "agent_options": kwargs, "seed": args.seed,
+             "max_episode_steps": cap}
+    return json.loads(json.dumps(ident, default=json_default))  # compare as it reads back from episodes.jsonl
+
+
+def check_resumable(records: list[dict[str, Any]], identity: dict[str, dict[str, Any]], out: Path) -> None:
+    """Refuse to resume a run whose recorded episodes were played with another configuration.
+
+    Raises:
+        ValueError: naming the first setting that differs and the fix.
+    """
+    for r in records:
+        old, new = r.get("run_config"), identity.get(r.get("env_id"))
+        if old is None or new is None or old == new:
+            continue  # records from before run_config was recorded, or tasks this run does not touch
+        diffs = [f"{k}: recorded {old.get(k)!r}, now {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                 if old.get(k) != new.get(k)]
+        raise ValueError(
+            f"{out} holds episodes played with another configuration ({r['key']}: {'; '.join(diffs)}); "
+            "resume with the same --agent, agent options, --seed and --max-steps, or choose another --out"
+        )
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -271,9 +310,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     log = EpisodeLog(out / "episodes.jsonl")
     if log.path.exists() and not args.resume:
         raise SystemExit(f"{log.path} exists: pass --resume to continue that run, or choose another --out")
-    agent = make_agent(args.agent, args.seed, kwargs, run_dir=out)
+    # --max-steps caps each env's own limit (the paper runs LLM agents for at most 30 turns).
+    step_caps = {}
+    if args.max_steps:
+        for env_id in env_ids:
+            limit = gym.spec(env_id).max_episode_steps
+            step_caps[env_id] = {"max_episode_steps": min(limit, args.max_steps) if limit else args.max_steps}
+    identity = {e: episode_identity(args, kwargs, e, step_caps) for e in env_ids}
     log.repair()
-    done = {r["key"]: r for r in log.load()}
+    recorded = log.load()
+    check_resumable(recorded, identity, out)
+    agent = make_agent(args.agent, args.seed, kwargs, run_dir=out)
+    done = {r["key"]: r for r in recorded}
     run_config = {
         "tasks": args.tasks,
         "env_ids": env_ids,
@@ -283,12 +331,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "env_backend": args.env_backend,
         "argv": sys.argv[1:],
     }
-    # --max-steps caps each env's own limit (the paper runs LLM agents for at most 30 turns).
-    step_caps = {}
-    if args.max_steps:
-        for env_id in env_ids:
-            limit = gym.spec(env_id).max_episode_steps
-            step_caps[env_id] = {"max_episode_steps": min(limit, args.max_steps) if limit else args.max_steps}
     run_config["max_steps"] = args.max_steps
     run_config["max_episode_steps"] = {e: c["max_episode_steps"] for e, c in step_caps.items()}
     todo = {
@@ -300,7 +342,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # Tasks run side by side (one progress bar each), so an LLM agent batches across tasks.
         def job(i: int, env_id: str, seeds: list[int]):
             return run_task(env_id, agent, seeds, log, args.concurrency, args.quiet, args.num_workers,
-                            args.step_timeout, args.env_backend, position=i, make_kwargs=step_caps.get(env_id))
+                            args.step_timeout, args.env_backend, position=i, make_kwargs=step_caps.get(env_id),
+                            record_fields={"run_config": identity[env_id]})
 
         if args.sequential_tasks:
             for i, (env_id, seeds) in enumerate(todo.items()):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -7,6 +8,7 @@ import sys
 
 import pytest
 
+import eval.run as run_mod
 from eval.run import main
 from eval.suites import TaskSetError, resolve_tasks
 
@@ -268,3 +270,68 @@ def test_a_named_flag_the_agent_lacks_is_refused_even_with_var_kwargs():
 
     with pytest.raises(ValueError, match="does not take --experience"):
         make_agent("llm", 0, {"experience": "on"})
+
+
+def test_resume_refuses_episodes_recorded_with_another_agent_or_step_cap(tmp_path, capsys):
+    _run(tmp_path, "--agent", "random", "--tasks", "test/Guess-v0", "--episodes", "2")
+    with pytest.raises(ValueError, match=r"another configuration .*agent: recorded .*RandomAgent.*OracleAgent"):
+        asyncio.run(run_mod.run(run_mod.build_parser().parse_args(
+            ["--quiet", "--out", str(tmp_path), "--agent", "oracle", "--tasks", "test/Guess-v0", "--episodes", "4",
+             "--resume"])))
+    with pytest.raises(SystemExit) as exc:
+        _run(tmp_path, "--agent", "random", "--tasks", "test/Guess-v0", "--episodes", "4", "--max-steps", "3",
+             "--resume")
+    assert exc.value.code == 2 and "max_episode_steps: recorded 12, now 3" in capsys.readouterr().err
+    assert len((tmp_path / "episodes.jsonl").read_text().splitlines()) == 2  # nothing was mixed in
+    _run(tmp_path, "--agent", "random", "--tasks", "test/Guess-v0", "--episodes", "4", "--resume")  # same flags: fine
+    assert json.loads((tmp_path / "summary.json").read_text())["tasks"]["test/Guess-v0"]["episodes"] == 4
+
+
+class _SyncPolicy(Policy):
+    def act(self, obs, info):  # a common slip: not async
+        return "5"
+
+
+class SyncActAgent(Agent):
+    name = "sync-act"
+
+    def make_policy(self, ctx):
+        return _SyncPolicy()
+
+
+def test_a_policy_with_a_sync_act_gives_errored_episodes_that_name_the_fix(tmp_path):
+    _run(tmp_path, "--agent", "tests.test_eval_run:SyncActAgent", "--tasks", "test/Guess-v0", "--episodes", "2")
+    errors = json.loads((tmp_path / "summary.json").read_text())["errors"]
+    assert len(errors) == 2 and "declare it `async def act" in errors[0]["error"]
+
+
+def test_an_unknown_agent_arg_is_named_as_agent_arg_not_as_a_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _run(tmp_path, "--agent", "random", "--tasks", "test/Guess-v0", "--agent-arg", "temprature=0.2")
+    assert exc.value.code == 2 and "does not take --agent-arg temprature" in capsys.readouterr().err
+
+
+class NumpyExtrasAgent(Agent):
+    """Reports numpy metrics and keeps a Path in its config, as third-party agents do."""
+
+    name = "numpy-extras"
+
+    def make_policy(self, ctx):
+        return _SlowOracle(ctx)
+
+    def on_episode_end(self, ctx, result):
+        import numpy as np
+
+        result.extra["steps_np"] = np.int64(result.actions)
+
+    def config(self):
+        from pathlib import Path
+
+        return {**super().config(), "cache": Path("/tmp/cache")}
+
+
+def test_numpy_extras_and_a_path_in_the_config_do_not_crash_the_run(tmp_path):
+    _run(tmp_path, "--agent", "tests.test_eval_run:NumpyExtrasAgent", "--tasks", "test/Guess-v0", "--episodes", "2")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["agent"]["cache"] == "/tmp/cache"
+    assert summary["tasks"]["test/Guess-v0"]["extra"] == {"steps_np": 1.0} and not summary["errors"]
