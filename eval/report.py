@@ -54,9 +54,9 @@ def agent_label(summary: dict[str, Any]) -> str:
     return f"{agent.get('name', '?')} ({model})" if model else str(agent.get("name", "?"))
 
 
-def markdown_table(summary: dict[str, Any]) -> str:
+def markdown_table(summary: dict[str, Any], label: str | None = None) -> str:
     lines = [
-        f"# Results: agent `{agent_label(summary)}`",
+        f"# Results: agent `{label or agent_label(summary)}`",
         "",
         f"schema {summary['schema_version']}, crl-bench {summary['package_version']}, git {summary['git_sha'] or 'n/a'}",
         "",
@@ -104,10 +104,17 @@ def _short(env_id: str) -> str:
     return env_id.removeprefix("crl/").rsplit("-v", 1)[0]
 
 
+def run_labels(summaries: list[dict[str, Any]], run_dirs: list[Path]) -> list[str]:
+    """One legend label per run: the agent, plus the run folder where two runs share an agent label."""
+    labels = [agent_label(s) for s in summaries]
+    return [f"{lab} [{d.name or d}]" if labels.count(lab) > 1 else lab for lab, d in zip(labels, run_dirs, strict=True)]
+
+
 def write_plots(
     summaries: list[dict[str, Any]],
     out: Path,
     records_by_run: list[list[dict[str, Any]]] | None = None,
+    labels: list[str] | None = None,
 ) -> list[Path]:
     """Write ``success.png`` and ``actions.png`` comparing ``summaries`` (one per run) task by task.
 
@@ -123,7 +130,7 @@ def write_plots(
     import numpy as np
 
     env_ids = list(dict.fromkeys(e for s in summaries for e in s["tasks"]))
-    labels = [agent_label(s) for s in summaries]
+    labels = labels or [agent_label(s) for s in summaries]
     x = np.arange(len(env_ids))
     width = 0.8 / max(1, len(summaries))
     out.mkdir(parents=True, exist_ok=True)
@@ -184,6 +191,12 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
+    # episodes.jsonl may hold more than the summary counts (a resumed run with fewer --episodes or
+    # another --seed): plot only the episodes the summary is about.
+    run = summary.get("run") or {}
+    if isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
+        wanted = {f"{e}#{run['seed'] + i}" for e in summary.get("tasks", {}) for i in range(run["episodes"])}
+        records = [r for r in records if r.get("key") in wanted]
     return summary, records
 
 
@@ -197,8 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, json.JSONDecodeError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     summaries = [s for s, _ in loaded]
-    paths = write_plots(summaries, args.out, records_by_run=[r for _, r in loaded])
-    (args.out / "results.md").write_text("\n".join(markdown_table(s) for s in summaries), encoding="utf-8")
+    labels = run_labels(summaries, args.runs)
+    paths = write_plots(summaries, args.out, records_by_run=[r for _, r in loaded], labels=labels)
+    (args.out / "results.md").write_text(
+        "\n".join(markdown_table(s, label) for s, label in zip(summaries, labels, strict=True)),
+        encoding="utf-8",
+    )
     print(f"wrote {', '.join(str(x) for x in [*paths, args.out / 'results.md'])}")
     return 0
 

@@ -335,3 +335,18 @@ def test_numpy_extras_and_a_path_in_the_config_do_not_crash_the_run(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["agent"]["cache"] == "/tmp/cache"
     assert summary["tasks"]["test/Guess-v0"]["extra"] == {"steps_np": 1.0} and not summary["errors"]
+
+
+def test_report_tells_apart_two_runs_of_one_agent_and_plots_only_summarised_episodes(tmp_path):
+    from eval.report import load_run
+    from eval.report import main as report_main
+
+    for d, seed in (("s0", "0"), ("s9", "9")):
+        _run(tmp_path / d, "--agent", "random", "--tasks", "test/Guess-v0", "--episodes", "4", "--seed", seed)
+    _run(tmp_path / "s0", "--agent", "random", "--tasks", "test/Guess-v0", "--episodes", "2", "--resume")
+    summary, records = load_run(tmp_path / "s0")
+    assert summary["tasks"]["test/Guess-v0"]["episodes"] == 2
+    assert sorted(r["seed"] for r in records) == [0, 1]  # not the 4 episodes.jsonl holds
+    assert report_main([str(tmp_path / "s0"), str(tmp_path / "s9"), "--out", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / "results.md").read_text()
+    assert "agent `random [s0]`" in md and "agent `random [s9]`" in md
