@@ -19,8 +19,16 @@ ROOT = Path(__file__).resolve().parent
 
 
 def task_set_name(summary: dict) -> str:
+    """The table a submission belongs in: its task set, also when the run named the set's ids one by one."""
+    from eval.suites import TASK_SETS
+
     tasks = str(summary["run"].get("tasks", ""))
-    return f"task set {tasks}" if tasks in ("3", "6", "swe") else "custom: " + ", ".join(sorted(summary["tasks"]))
+    if tasks in TASK_SETS:
+        return f"task set {tasks}"
+    for name, ids in TASK_SETS.items():
+        if sorted(ids) == sorted(summary["tasks"]):
+            return f"task set {name}"
+    return "custom: " + ", ".join(sorted(summary["tasks"]))
 
 
 def _pct(x: float) -> str:

@@ -68,6 +68,11 @@ def load_submission(folder: Path) -> dict[str, Any]:
     if not isinstance(summary["tasks"], dict) or not summary["tasks"]:
         raise SubmissionError(f"{summary_path}: tasks: expected a non-empty object")
     for env_id, task in summary["tasks"].items():
+        if isinstance(task, dict) and "version" in task and task["version"] is None:
+            raise SubmissionError(
+                f"{summary_path}: tasks.{env_id}.version: the id has no version; register the env as "
+                f"'{env_id}-v0' (bump vN when it changes) and rerun, so results stay comparable"
+            )
         _check_fields(summary_path, f"tasks.{env_id}", task, TASK_FIELDS)
         for f in ("success", "progress"):
             if not 0.0 <= task[f] <= 1.0:

@@ -61,3 +61,26 @@ def test_tables_are_sorted_by_macro_success(submission, tmp_path):
     assert main(["--submissions", str(ROOT / "submissions"), "--out", str(out)]) == 0
     text = out.read_text()
     assert text.index("oracle baseline") < text.index("random baseline")
+
+
+def test_a_run_naming_a_task_sets_ids_one_by_one_joins_that_sets_table(tmp_path):
+    from eval.suites import TASK_SETS
+    from leaderboards.build import task_set_name
+
+    src = next(d for d in sorted((ROOT / "submissions").iterdir()) if d.is_dir()
+               and json.loads((d / "summary.json").read_text())["run"].get("tasks") == "6")
+    summary = json.loads((src / "summary.json").read_text())
+    summary["run"]["tasks"] = ",".join(reversed(TASK_SETS["6"]))
+    assert task_set_name(summary) == "task set 6"
+    summary["tasks"].pop("crl/WebShop-v0")
+    assert task_set_name(summary).startswith("custom: ")
+
+
+def test_an_unversioned_env_id_is_rejected_naming_the_fix(submission):
+    def unversion(d):
+        env_id, task = d["tasks"].popitem()
+        d["tasks"]["myorg/Guess"] = {**task, "version": None}
+
+    _edit(submission / "summary.json", unversion)
+    with pytest.raises(SubmissionError, match=r"tasks\.myorg/Guess\.version: .*register the env as 'myorg/Guess-v0'"):
+        load_submission(submission)
