@@ -391,3 +391,133 @@ def test_webshop_malformed_files_name_the_file_and_field(tmp_path, which, bad, m
     with pytest.raises(WebShopDataError, match=match) as err:
         load_official(folder)
     assert str(folder) in str(err.value)
+
+
+# ============================================================================================== SWE-bench
+SHA = "a0df2cbb10419037d11d04352b3175405ab52941"
+PATCH = ("diff --git a/requests/sessions.py b/requests/sessions.py\n--- a/requests/sessions.py\n"
+         "+++ b/requests/sessions.py\n@@ -425,1 +425,1 @@\n-        method = builtin_str(method)\n"
+         "+        method = to_native_string(method)\n")
+TEST_PATCH = ("diff --git a/test_requests.py b/test_requests.py\n--- a/test_requests.py\n+++ b/test_requests.py\n"
+              "@@ -1,1 +1,2 @@\n import os\n+import io\n")
+
+
+def _swe_row(n: int, **fields) -> dict:
+    """A row as the Hugging Face ``princeton-nlp/SWE-bench_Verified`` split gives it (test lists JSON-encoded)."""
+    row = {
+        "repo": "psf/requests", "instance_id": f"psf__requests-{2317 + n}", "base_commit": SHA, "patch": PATCH,
+        "test_patch": TEST_PATCH, "problem_statement": "method = builtin_str(method) breaks binary methods",
+        "hints_text": "", "created_at": "2014-11-01T02:20:16Z", "version": "2.4",
+        "FAIL_TO_PASS": json.dumps(["test_requests.py::RequestsTestCase::test_HTTP_200_OK_GET_ALTERNATIVE"]),
+        "PASS_TO_PASS": json.dumps(["test_requests.py::RequestsTestCase::test_BASICAUTH_TUPLE_HTTP_200_OK_GET",
+                                    "test_requests.py::TestMorselToCookieExpires::test_expires_none"]),
+        "environment_setup_commit": "091991be0da19de9108dbe5e3752917fea3d7fdc", "difficulty": "<15 min fix",
+    }
+    row.update(fields)
+    return row
+
+
+def test_swe_jsonl_export_with_string_test_lists_numeric_versions_and_extras(tmp_path):
+    from crl_envs.swe.instances import load_instances
+
+    rows = [_swe_row(0), _swe_row(1, version=2.4, hints_text=None),
+            _swe_row(2, image_assets=json.dumps({"problem_statement": ["https://i.imgur.com/x.png"], "patch": []})),
+            _swe_row(3, version=3, created_at=1415000000000)]
+    path = tmp_path / "verified.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(UserWarning, match=r"field 'version' is a number .*'1\.10' and '1\.1'"):
+        insts = load_instances(path)
+    assert [i.version for i in insts] == ["2.4", "2.4", "2.4", "3"]
+    assert insts[0].FAIL_TO_PASS == ("test_requests.py::RequestsTestCase::test_HTTP_200_OK_GET_ALTERNATIVE",)
+    assert len(insts[0].PASS_TO_PASS) == 2 and insts[1].hints_text == ""
+    assert insts[0].extra["difficulty"] == "<15 min fix" and "image_assets" in insts[2].extra
+    assert insts[3].created_at == "2014-11-03T07:33:20Z"  # epoch milliseconds, as pandas writes datetimes
+    assert insts[0].environment_setup_commit == "091991be0da19de9108dbe5e3752917fea3d7fdc"
+
+
+def test_swe_parquet_with_timestamps_float_versions_and_array_test_lists_loads_and_saves(tmp_path):
+    pd = pytest.importorskip("pandas")
+    from crl_envs.swe.instances import load_instances, save_instances
+
+    df = pd.DataFrame([_swe_row(0), _swe_row(1, version="0.20")])
+    df["created_at"] = pd.to_datetime(df["created_at"])  # what a pandas round trip leaves
+    df["updated_at"] = pd.to_datetime(["2015-01-01", "2015-01-02"])  # an extra timestamp column
+    df["FAIL_TO_PASS"] = df["FAIL_TO_PASS"].map(json.loads)  # real lists, as SWE-Gym stores them
+    path = tmp_path / "test-00000-of-00001.parquet"
+    df.to_parquet(path)
+    insts = load_instances(path)
+    assert insts[0].created_at == "2014-11-01T02:20:16Z" and insts[1].version == "0.20"
+    assert insts[0].FAIL_TO_PASS == ("test_requests.py::RequestsTestCase::test_HTTP_200_OK_GET_ALTERNATIVE",)
+    again = load_instances(save_instances(insts, tmp_path / "again.jsonl"))
+    assert again == insts and again[0].extra["updated_at"].startswith("2015-01-01")
+
+
+@pytest.mark.parametrize("writer", ["datasets_to_json", "pandas_columns", "pandas_records", "pandas_index",
+                                    "pandas_split", "instances_key"])
+def test_swe_json_exports_in_every_layout_hf_and_pandas_write(tmp_path, writer):
+    pd = pytest.importorskip("pandas")
+    from crl_envs.swe.instances import load_instances
+
+    rows = [_swe_row(0), _swe_row(1)]
+    path = tmp_path / "lite.json"
+    if writer == "datasets_to_json":  # Dataset.to_json writes JSON lines, even into a .json file
+        datasets = pytest.importorskip("datasets")
+        datasets.Dataset.from_list(rows).to_json(str(path))
+    elif writer == "instances_key":
+        path.write_text(json.dumps({"instances": rows}))
+    else:
+        df = pd.DataFrame(rows)
+        df["created_at"] = pd.to_datetime(df["created_at"])
+        df.to_json(path, orient=writer.removeprefix("pandas_"), date_format="epoch")  # pandas<4 default
+    insts = load_instances(path)
+    assert [i.instance_id for i in insts] == ["psf__requests-2317", "psf__requests-2318"]
+    assert insts[0].created_at == "2014-11-01T02:20:16Z" and insts[0].version == "2.4"
+    assert insts[1].PASS_TO_PASS[1] == "test_requests.py::TestMorselToCookieExpires::test_expires_none"
+
+
+@pytest.mark.parametrize(("name", "content", "match"), [
+    ("empty.json", "", r"empty\.json: the file is empty"),
+    ("empty.parquet", "", r"empty\.parquet: not a readable parquet file"),
+    ("blank.jsonl", "\n\n", r"blank\.jsonl: the file holds no instances"),
+    ("noid.jsonl", "ROW_NO_ID", r"noid\.jsonl:2: missing required field 'instance_id'"),
+    ("noid.parquet", "ROW_NO_ID", r"noid\.parquet row 1: missing required field 'instance_id'"),
+    ("bool.json", "BOOL_VERSION", r"bool\.json\[0\] \(instance_id='psf__requests-2317'\): field 'version'"),
+    ("f2p.jsonl", "BAD_F2P", r"f2p\.jsonl:1 \(instance_id='psf__requests-2317'\): field 'FAIL_TO_PASS' is a string "
+                             r"but not valid JSON"),
+])
+def test_swe_malformed_or_empty_files_name_the_file_row_and_field(tmp_path, name, content, match):
+    from crl_envs.swe.instances import InstanceFileError, load_instances
+
+    path = tmp_path / name
+    if content == "ROW_NO_ID":
+        rows = [_swe_row(0), {k: v for k, v in _swe_row(1).items() if k != "instance_id"}]
+        if name.endswith(".parquet"):
+            pd = pytest.importorskip("pandas")
+            pd.DataFrame(rows).to_parquet(path)
+        else:
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif content == "BOOL_VERSION":
+        path.write_text(json.dumps([_swe_row(0, version=True)]))
+    elif content == "BAD_F2P":
+        path.write_text(json.dumps(_swe_row(0, FAIL_TO_PASS="test_requests.py::test_a, test_b")) + "\n")
+    else:
+        path.write_text(content)
+    with pytest.raises(InstanceFileError, match=match) as err:
+        load_instances(path)
+    assert str(path) in str(err.value)
+
+
+def test_swe_bench_env_without_the_repository_offline_names_the_fix(tmp_path):
+    from crl_envs.swe.sandbox import SandboxUnavailable
+
+    path = tmp_path / "lite.jsonl"
+    path.write_text(json.dumps(_swe_row(0)) + "\n")
+    try:
+        env = gym.make("crl/SWE-Bench-v0", instances=str(path), repos_dir=str(tmp_path / "repos"))
+    except SandboxUnavailable as e:
+        pytest.skip(f"the bwrap sandbox cannot run here: {e}")
+    with pytest.raises(FileNotFoundError, match=r"No repository for psf__requests-2317 \(psf/requests\)") as err:
+        env.reset(seed=0)
+    msg = str(err.value)
+    assert str(tmp_path / "repos" / "psf__requests.git") in msg and "repos_dir" in msg and "SWE_REPOS" in msg
+    env.close()

@@ -6,6 +6,12 @@ parquet table. Both the classic 12-field form (:class:`swebench.types.SWEbenchIn
 swebench 5.x's form with ``image``, ``log_parser``, ``eval_type`` and ``eval_script`` load.
 ``FAIL_TO_PASS``/``PASS_TO_PASS`` may be lists or JSON-encoded strings, as in the published data.
 
+Exports of the Hugging Face datasets load as written: ``Dataset.to_json`` (JSON lines, even in a
+``.json`` file), every ``DataFrame.to_json`` orient (``columns``, ``records``, ``index``, ``split``),
+parquet with ``created_at`` as a timestamp (stored back as ISO text; pandas' epoch milliseconds
+too) and ``version`` as a number (a warning: pandas reads ``"1.10"`` as ``1.1``, which names another
+version). Extra columns (``difficulty``, ``image_assets``, ...) are kept in ``extra``, JSON-safe.
+
 **Where the repository comes from.** A real instance needs its git repository at
 ``base_commit``. It is looked up, in order:
 
@@ -18,10 +24,12 @@ swebench 5.x's form with ``image``, ``log_parser``, ``eval_type`` and ``eval_scr
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
 import subprocess
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,14 +120,7 @@ def instance_from_dict(raw: Any, where: str) -> SWEInstance:
     missing = [k for k in REQUIRED if k not in raw or raw[k] is None]
     if missing:
         raise InstanceFileError(f"{where}: missing required field {missing[0]!r} (required: {', '.join(REQUIRED)})")
-    values: dict[str, Any] = {}
-    for key in REQUIRED[:6] + OPTIONAL_TEXT:
-        value = raw.get(key, "")
-        if value is None:
-            value = ""
-        if not isinstance(value, str):
-            raise InstanceFileError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
-        values[key] = value
+    values: dict[str, Any] = {key: _text(raw.get(key), key, where) for key in REQUIRED[:6] + OPTIONAL_TEXT}
     if not _SHA.match(values["base_commit"]):
         raise InstanceFileError(f"{where}: field 'base_commit' must be a git commit sha, got {values['base_commit']!r}")
     if not _REPO.match(values["repo"]):
@@ -130,12 +131,52 @@ def instance_from_dict(raw: Any, where: str) -> SWEInstance:
         values[key] = _test_list(raw[key], where, key)
     if not values["FAIL_TO_PASS"]:
         raise InstanceFileError(f"{where}: field 'FAIL_TO_PASS' is empty; an instance needs a test that the fix makes pass")
-    extra = {k: v for k, v in raw.items() if k not in values and not _is_nan(v)}
+    extra = {k: _plain(v) for k, v in raw.items() if k not in values and not _is_nan(v)}
     return SWEInstance(**values, extra=extra)
 
 
 def _is_nan(v: Any) -> bool:
     return isinstance(v, float) and v != v
+
+
+def _iso(t: dt.datetime | dt.date) -> str:
+    """ISO text as the published data writes it (``2014-11-01T02:20:16Z`` for UTC)."""
+    if isinstance(t, dt.datetime) and t.tzinfo is not None and t.utcoffset() == dt.timedelta(0):
+        return t.replace(tzinfo=None).isoformat() + "Z"
+    return t.isoformat()
+
+
+def _text(value: Any, key: str, where: str) -> str:
+    """A text field; missing/NaN is empty; timestamps and numbers (as pandas exports them) become text."""
+    if value is None or _is_nan(value):
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dt.datetime, dt.date)):  # pandas.Timestamp is a datetime
+        return _iso(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if key == "created_at":  # pandas writes datetimes as epoch milliseconds
+            seconds = value / 1000 if abs(value) > 1e11 else value
+            return _iso(dt.datetime.fromtimestamp(seconds, dt.timezone.utc))
+        if key == "version" and isinstance(value, float):
+            warnings.warn(f"{where}: field 'version' is a number ({value!r}); SWE-bench versions are text, and a "
+                          "number cannot tell '1.10' and '1.1' apart: re-export the file keeping the column as text "
+                          "(e.g. pandas.read_json(..., dtype={'version': str}))", UserWarning, stacklevel=4)
+        return str(value)
+    raise InstanceFileError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+
+
+def _plain(value: Any) -> Any:
+    """An extra column's value as plain JSON data (timestamps as ISO text, arrays as lists)."""
+    if isinstance(value, (dt.datetime, dt.date)):
+        return _iso(value)
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
+        return _plain(value.tolist())
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _test_list(value: Any, where: str, key: str) -> tuple[str, ...]:
@@ -164,23 +205,9 @@ def load_instances(path: str | os.PathLike) -> list[SWEInstance]:
     suffix = p.suffix.lower()
     records: list[tuple[str, Any]]
     if suffix == ".jsonl":
-        records = []
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    records.append((f"{p}:{i}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise InstanceFileError(f"{p}:{i}: not valid JSON ({e})") from e
+        records = _jsonl_records(p, _read_text(p))
     elif suffix == ".json":
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise InstanceFileError(f"{p}: not valid JSON ({e})") from e
-        if isinstance(data, dict):
-            data = data.get("instances", [data])
-        if not isinstance(data, list):
-            raise InstanceFileError(f"{p}: expected a list of instances, got {type(data).__name__}")
-        records = [(f"{p}[{i}]", r) for i, r in enumerate(data)]
+        records = _json_records(p)
     elif suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -203,6 +230,57 @@ def load_instances(path: str | os.PathLike) -> list[SWEInstance]:
         seen.add(inst.instance_id)
     base = p.parent
     return [_rebase(inst, base) for inst in out]
+
+
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8-sig")  # a BOM from Windows tools is dropped
+    except UnicodeDecodeError as e:
+        raise InstanceFileError(f"{p}: not UTF-8 text ({e})") from e
+
+
+def _jsonl_records(p: Path, text: str) -> list[tuple[str, Any]]:
+    records = []
+    for i, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append((f"{p}:{i}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise InstanceFileError(f"{p}:{i}: not valid JSON ({e})") from e
+    return records
+
+
+def _json_records(p: Path) -> list[tuple[str, Any]]:
+    """Records of a ``.json`` file: a list, ``{"instances": [...]}``, one instance, any pandas orient, or JSON lines."""
+    text = _read_text(p)
+    if not text.strip():
+        raise InstanceFileError(f"{p}: the file is empty; export the instances again")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # JSON lines in a .json file, as datasets' Dataset.to_json writes it
+            return _jsonl_records(p, text)
+        raise InstanceFileError(f"{p}: not valid JSON ({e})") from e
+    if isinstance(data, dict):
+        data = _from_mapping(data)
+    if not isinstance(data, list):
+        raise InstanceFileError(f"{p}: expected a list of instances, got {type(data).__name__}")
+    return [(f"{p}[{i}]", r) for i, r in enumerate(data)]
+
+
+def _from_mapping(data: dict[str, Any]) -> list[Any]:
+    """The instances of a JSON object: ``{"instances": [...]}``, pandas' orients, or one instance."""
+    if "instances" in data:
+        return data["instances"]
+    if set(data) >= {"columns", "data"} and isinstance(data["columns"], list):  # orient="split"
+        return [dict(zip(data["columns"], row, strict=False)) if isinstance(row, list) else row for row in data["data"]]
+    ids = data.get("instance_id")
+    if isinstance(ids, dict):  # orient="columns": column -> {row index -> value}
+        return [{col: (vals.get(idx) if isinstance(vals, dict) else None) for col, vals in data.items()}
+                for idx in ids]
+    if data and "instance_id" not in data and all(isinstance(v, dict) and "instance_id" in v for v in data.values()):
+        return list(data.values())  # orient="index": row index -> record
+    return [data]
 
 
 def _rebase(inst: SWEInstance, base: Path) -> SWEInstance:
