@@ -1,10 +1,20 @@
 """``EnvPool``: envs in worker processes, with an async per-slot API, timeouts and restarts.
 
 Slots are spread round-robin over ``num_workers`` spawned processes. Every call has a
-timeout. A worker that dies (segfault, ``kill -9``) or hangs past its timeout is killed and
-restarted with its envs re-created; the calls in flight on it fail with :class:`EnvError`
-naming the env id, seed and cause, so the harness records those episodes as errored.
-Other workers keep running. ``close()`` reaps every process, even after crashes.
+timeout, counted from when the worker starts it (not while it waits behind another slot's
+call on the same worker). A worker that dies (segfault, ``kill -9``), hangs past a timeout
+or outgrows ``max_worker_rss_mb`` is killed and restarted with its envs re-created:
+
+* the calls in flight on it fail with :class:`EnvError` naming the env id, seed and cause;
+* every other episode it hosted is lost too, so the next ``step``/``call`` on those slots
+  fails with the same cause until the slot is reset: no episode silently continues on a
+  fresh env;
+* a worker that dies while creating its envs (a constructor that crashes) is not respawned
+  in a loop: the next request on it tries once more and fails with the cause.
+
+Requests are written to the pipes by one sender thread per worker, so a large action or a
+full pipe never blocks the event loop (and with it every timeout). Other workers keep
+running. ``close()`` reaps every process and thread, even after crashes.
 """
 
 from __future__ import annotations
@@ -12,7 +22,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing as mp
+import pickle
+import queue
+import signal
+import threading
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import gymnasium as gym
@@ -21,6 +36,7 @@ from crl_envs.pool.worker import worker_main
 from crl_envs.registry import check_env_id
 
 _CTX = mp.get_context("spawn")
+_STEP_METHODS = ("reset", "make")  # the methods a lost episode still accepts (they start afresh)
 
 
 class EnvError(RuntimeError):
@@ -28,7 +44,7 @@ class EnvError(RuntimeError):
 
     Attributes:
         env_id, seed, slot: which episode was hit.
-        cause: ``"exception"``, ``"crash"`` or ``"timeout"``.
+        cause: ``"exception"``, ``"crash"``, ``"timeout"``, ``"memory"`` or ``"closed"``.
     """
 
     def __init__(self, env_id: str, seed: int | None, slot: int, cause: str, detail: str):
@@ -53,6 +69,40 @@ class _Slot:
     spec: gym.envs.registration.EnvSpec
     worker: int
     seed: int | None = None
+    active: bool = False  # an episode is running (a reset succeeded)
+    lost: tuple[str, str] | None = None  # (cause, detail) when its worker was restarted mid-episode
+
+
+@dataclass
+class _Call:
+    slot: int
+    method: str
+    started: asyncio.Future  # set when the worker begins the call
+    done: asyncio.Future
+
+
+class _Sender:
+    """Writes pickled requests to one worker's pipe from a thread, so a full pipe never blocks the event loop."""
+
+    def __init__(self, conn: Any, name: str):
+        self.conn = conn
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (buf := self.queue.get()) is not None:
+            try:
+                self.conn.send_bytes(buf)
+            except (OSError, ValueError):
+                return  # the worker is gone: the event loop sees EOF and restarts it
+
+    def put(self, buf: bytes) -> None:
+        self.queue.put(buf)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout)
 
 
 @dataclass
@@ -60,8 +110,22 @@ class _Worker:
     index: int
     process: Any = None
     conn: Any = None
-    pending: dict[int, tuple[asyncio.Future, int]] = field(default_factory=dict)
+    sender: _Sender | None = None
+    pending: dict[int, _Call] = field(default_factory=dict)
+    making: asyncio.Task | None = None  # creating its envs
     restarts: int = 0
+
+
+def _describe_exit(process: Any) -> str:
+    code = process.exitcode
+    if code is None:
+        return "worker process stopped answering"
+    if code < 0:
+        try:
+            return f"worker process was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"worker process was killed by signal {-code}"
+    return f"worker process exited with code {code}"
 
 
 class EnvPool:
@@ -70,8 +134,10 @@ class EnvPool:
     Args:
         envs: ``(env_id, make_kwargs)`` pairs (or bare ids), one per slot.
         num_workers: worker processes (default: one per slot, at most 2).
-        timeout: seconds a ``step``/``call`` may take before its worker is restarted.
+        timeout: seconds a ``step``/``call`` may run before its worker is restarted.
         reset_timeout: the same for ``reset`` and env creation (first resets build caches).
+        max_worker_rss_mb: restart a worker whose resident memory passes this after a call
+            (its episodes fail with cause ``"memory"``); ``None`` (default) for no limit.
 
     Use it as ``async with EnvPool([...]) as pool:`` or call :meth:`close`.
     """
@@ -82,10 +148,12 @@ class EnvPool:
         num_workers: int | None = None,
         timeout: float = 60.0,
         reset_timeout: float = 300.0,
+        max_worker_rss_mb: float | None = None,
     ):
         pairs = parse_envs(envs)
         self.num_workers = max(1, min(num_workers or min(2, len(pairs)), len(pairs)))
         self.timeout, self.reset_timeout = timeout, reset_timeout
+        self.max_worker_rss_mb = max_worker_rss_mb
         self.slots = [_Slot(i, kw, gym.spec(i), n % self.num_workers) for n, (i, kw) in enumerate(pairs)]
         self.workers = [_Worker(w) for w in range(self.num_workers)]
         self._ids = itertools.count()
@@ -95,7 +163,11 @@ class EnvPool:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> EnvPool:
-        """Spawn the workers and create every env (called by the first request)."""
+        """Spawn the workers and create every env (called by the first request).
+
+        Raises:
+            EnvError: when an env cannot be created (its constructor raised or crashed).
+        """
         if self._started:
             return self
         if self._closed:
@@ -104,62 +176,106 @@ class EnvPool:
         self._started = True
         for w in self.workers:
             self._spawn(w)
-        await asyncio.gather(*(self._make_envs(w) for w in self.workers))
+        errors = await asyncio.gather(*(w.making for w in self.workers))
+        for error in itertools.chain.from_iterable(errors):
+            raise error
         return self
 
     def _spawn(self, w: _Worker) -> None:
+        """Start a worker and queue the creation of its envs ahead of any other request."""
         parent, child = _CTX.Pipe(duplex=True)
-        w.process = _CTX.Process(target=worker_main, args=(child,), daemon=True, name=f"crl-env-worker-{w.index}")
+        w.process = _CTX.Process(target=worker_main, args=(child, self.max_worker_rss_mb), daemon=True,
+                                 name=f"crl-env-worker-{w.index}")
         w.process.start()
         child.close()
         w.conn = parent
+        w.sender = _Sender(parent, f"crl-env-sender-{w.index}")
         self._loop.add_reader(parent.fileno(), self._on_readable, w)
+        calls = [self._submit(w, n, "make", (s.spec, s.kwargs)) for n, s in enumerate(self.slots)
+                 if s.worker == w.index]
+        w.making = self._loop.create_task(self._await_makes(w, calls))
 
-    async def _make_envs(self, w: _Worker) -> None:
-        for n, s in enumerate(self.slots):
-            if s.worker == w.index:
-                await self._request(n, "make", (s.spec, s.kwargs), self.reset_timeout)
+    async def _await_makes(self, w: _Worker, calls: list[tuple[int, _Call]]) -> list[EnvError]:
+        errors = []
+        for req_id, call in calls:
+            try:
+                await self._wait(w, req_id, call, self.reset_timeout, start_timeout=self.reset_timeout)
+            except EnvError as e:  # the slot's next request reports it again
+                errors.append(e)
+        return errors
 
     def _on_readable(self, w: _Worker) -> None:
         try:
-            while w.conn.poll():
-                req_id, ok, payload = w.conn.recv()
-                fut, slot = w.pending.pop(req_id, (None, -1))
-                if fut is None or fut.done():
+            while w.conn is not None and w.conn.poll():
+                req_id, kind, data = w.conn.recv()
+                if kind == "exit":
+                    self._restart(w, "memory", data)
+                    return
+                call = w.pending.get(req_id)
+                if call is None:
                     continue
-                if ok:
-                    fut.set_result(payload)
+                if kind == "start":
+                    if not call.started.done():
+                        call.started.set_result(None)
+                    continue
+                del w.pending[req_id]
+                if call.done.done():
+                    continue
+                if kind == "ok":
+                    try:
+                        call.done.set_result(pickle.loads(data))  # noqa: S301 - our own worker's reply
+                    except Exception as e:  # noqa: BLE001 - e.g. a class only the worker can import
+                        call.done.set_exception(self._error(
+                            call.slot, "exception", f"the result of {call.method} cannot be unpickled in the pool's "
+                            f"process ({type(e).__name__}: {e}); return plain Python objects"))
                 else:
-                    name, msg, tb = payload
-                    fut.set_exception(self._error(slot, "exception", f"{name}: {msg}\n{tb}".strip()))
+                    name, msg, tb = data
+                    call.done.set_exception(self._error(call.slot, "exception", f"{name}: {msg}\n{tb}".strip()))
         except (EOFError, OSError):
-            self._restart(w, "crash", f"worker process died (exit code {w.process.exitcode})")
+            w.process.join(timeout=1)
+            self._restart(w, "crash", _describe_exit(w.process))
 
     def _error(self, slot: int, cause: str, detail: str) -> EnvError:
         s = self.slots[slot]
         return EnvError(s.env_id, s.seed, slot, cause, detail)
 
-    def _restart(self, w: _Worker, cause: str, detail: str) -> None:
-        """Kill a dead or hung worker, fail its calls in flight, and start a fresh one."""
-        self._loop.remove_reader(w.conn.fileno())
-        w.conn.close()
+    def _stop_worker(self, w: _Worker, graceful: bool) -> None:
+        """Stop ``w``'s process and sender thread and close its pipe (it may be dead already)."""
+        try:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(w.conn.fileno())
+        except (ValueError, OSError):
+            pass
+        if graceful:
+            w.sender.put(bytes(ForkingPickler.dumps(None)))
+            w.process.join(timeout=2)
         if w.process.is_alive():
             w.process.kill()
         w.process.join(timeout=5)
-        pending, w.pending = w.pending, {}
-        for fut, slot in pending.values():
-            if not fut.done():
-                fut.set_exception(self._error(slot, cause, detail))
-        w.restarts += 1
-        if not self._closed:
-            self._spawn(w)
-            self._loop.create_task(self._remake_quietly(w))
-
-    async def _remake_quietly(self, w: _Worker) -> None:
+        w.sender.stop()  # its pending write fails now that the worker's end is closed
+        w.conn.close()
         try:
-            await self._make_envs(w)
-        except EnvError:
-            pass  # the next request on those slots reports the failure
+            w.process.close()
+        except ValueError:  # still running after SIGKILL (stuck in the kernel): leave it to the OS
+            pass
+        w.process = w.conn = w.sender = None
+
+    def _restart(self, w: _Worker, cause: str, detail: str) -> None:
+        """Kill a dead, hung or bloated worker, fail its episodes, and start a fresh one."""
+        if w.process is None:
+            return
+        died_while_making = w.making is not None and not w.making.done()
+        self._stop_worker(w, graceful=False)
+        pending, w.pending = w.pending, {}
+        for call in pending.values():
+            if not call.done.done():
+                call.done.set_exception(self._error(call.slot, cause, detail))
+        for s in self.slots:
+            if s.worker == w.index and s.active:
+                s.active, s.lost = False, (cause, detail)
+        w.restarts += 1
+        if not self._closed and not died_while_making:  # else the next request retries, once
+            self._spawn(w)
 
     async def close_async(self) -> None:
         self.close()
@@ -170,27 +286,16 @@ class EnvPool:
             return
         self._closed = True
         for w in self.workers:
-            if w.conn is None:
-                continue
-            try:
-                if self._loop is not None and not self._loop.is_closed():
-                    self._loop.remove_reader(w.conn.fileno())
-            except (ValueError, OSError):
-                pass
-            try:
-                w.conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            w.process.join(timeout=2)
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join(timeout=5)
-            w.conn.close()
-            w.process.close()
-            for fut, slot in w.pending.values():
-                if not fut.done():
-                    fut.set_exception(self._error(slot, "closed", "the pool was closed"))
+            if w.process is not None:
+                self._stop_worker(w, graceful=True)
+            for call in w.pending.values():
+                if call.method == "make":
+                    call.done.cancel()  # only the cancelled creation task waits for it
+                elif not call.done.done():
+                    call.done.set_exception(self._error(call.slot, "closed", "the pool was closed"))
             w.pending.clear()
+            if w.making is not None and not w.making.done():
+                w.making.cancel()
 
     async def __aenter__(self) -> EnvPool:
         return await self.start()
@@ -202,29 +307,56 @@ class EnvPool:
         return len(self.slots)
 
     # ------------------------------------------------------------------ API
+    def _submit(self, w: _Worker, slot: int, method: str, args: tuple) -> tuple[int, _Call]:
+        """Queue a request to ``w`` now (synchronously, so requests keep their order)."""
+        req_id = next(self._ids)
+        try:
+            buf = bytes(ForkingPickler.dumps((req_id, slot, method, args)))
+        except Exception as e:  # noqa: BLE001 - e.g. an action that is a lock or a generator
+            raise self._error(slot, "exception", f"the {method} request cannot be sent to the worker: "
+                              f"{type(e).__name__}: {e} (actions must be str)") from None
+        call = _Call(slot, method, self._loop.create_future(), self._loop.create_future())
+        w.pending[req_id] = call
+        w.sender.put(buf)
+        return req_id, call
+
+    async def _wait(self, w: _Worker, req_id: int, call: _Call, timeout: float,
+                    start_timeout: float | None = None) -> Any:
+        # Wait for the worker to start the call (every call queued ahead of it has its own timeout),
+        # then give it ``timeout`` seconds. A make also bounds the wait for a fresh worker to start.
+        await asyncio.wait((call.started, call.done), timeout=start_timeout, return_when=asyncio.FIRST_COMPLETED)
+        limit = timeout if call.started.done() or call.done.done() else 0.0
+        try:
+            return await asyncio.wait_for(asyncio.shield(call.done), limit)
+        except asyncio.TimeoutError:
+            what = f"{call.method} took longer than {timeout:g} s" if limit else "the worker did not start in time"
+            if w.pending.pop(req_id, None) is call:
+                self._restart(w, "timeout", what)
+            raise self._error(call.slot, "timeout", what) from None
+
     async def _request(self, slot: int, method: str, args: tuple, timeout: float) -> Any:
         if not self._started:
             await self.start()
         if self._closed:
             raise self._error(slot, "closed", "the pool was closed")
-        w = self.workers[self.slots[slot].worker]
-        req_id = next(self._ids)
-        fut = self._loop.create_future()
-        w.pending[req_id] = (fut, slot)
-        try:
-            w.conn.send((req_id, slot, method, args))
-        except (BrokenPipeError, OSError):
-            self._restart(w, "crash", "worker process died")
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:
-            if w.pending.get(req_id, (None,))[0] is fut:
-                self._restart(w, "timeout", f"{method} took longer than {timeout:g} s")
-            raise self._error(slot, "timeout", f"{method} took longer than {timeout:g} s") from None
+        s = self.slots[slot]
+        if s.lost is not None and method not in _STEP_METHODS:
+            cause, detail = s.lost
+            raise self._error(slot, cause, f"the worker hosting this episode was restarted ({detail}); "
+                                           "reset the slot to start a new episode")
+        w = self.workers[s.worker]
+        if w.process is None:  # it died while creating its envs: try once more
+            self._spawn(w)
+        req_id, call = self._submit(w, slot, method, args)
+        result = await self._wait(w, req_id, call, timeout)
+        if method == "reset":
+            s.active, s.lost = True, None
+        return result
 
     async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
         """``env.reset`` on one slot; returns ``(obs, info)``."""
-        self.slots[slot].seed = seed
+        s = self.slots[slot]
+        s.seed, s.active = seed, False
         return await self._request(slot, "reset", (seed, options), self.reset_timeout)
 
     async def step(self, slot: int, action: str):
@@ -248,7 +380,11 @@ class SyncEnvPool:
     def __init__(self, *args: Any, **kwargs: Any):
         self._loop = asyncio.new_event_loop()
         self.pool = EnvPool(*args, **kwargs)
-        self._loop.run_until_complete(self.pool.start())
+        try:
+            self._loop.run_until_complete(self.pool.start())
+        except BaseException:
+            self.close()
+            raise
 
     def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
         return self._loop.run_until_complete(self.pool.reset(slot, seed, options))
@@ -262,6 +398,7 @@ class SyncEnvPool:
     def close(self) -> None:
         if not self._loop.is_closed():
             self.pool.close()
+            self._loop.run_until_complete(asyncio.sleep(0))  # let cancelled tasks finish
             self._loop.close()
 
     def __enter__(self) -> SyncEnvPool:

@@ -98,4 +98,5 @@ class PoolVectorEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         if not self._loop.is_closed():
             self.pool.close()
+            self._loop.run_until_complete(asyncio.sleep(0))  # let cancelled tasks finish
             self._loop.close()

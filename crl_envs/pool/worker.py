@@ -1,8 +1,15 @@
 """The worker process: hosts several envs and answers requests over a pipe.
 
-Requests are ``(req_id, slot, method, args)``; answers are ``(req_id, ok, payload)`` where
-``payload`` is the result, or ``(exception type, message, traceback)`` when the env raised.
-Only plain text and small Python objects cross the pipe; there is no shared memory.
+Requests are pickled ``(req_id, slot, method, args)`` tuples (``None`` asks the worker to
+exit). For each request the worker answers ``(req_id, "start", None)`` when it begins (the
+pool times a call from then on, not from when it was queued behind other slots' calls) and
+then ``(req_id, "ok", pickled result)`` or ``(req_id, "error", (type, message, traceback))``.
+The result is pickled separately so that a result the pool cannot unpickle fails only its
+own call. ``(-1, "exit", reason)`` announces that the worker recycles itself (memory limit).
+
+Only plain text and small Python objects cross the pipe; there is no shared memory. A
+text env (one whose observation space is text) must return ``str`` observations: anything
+else is reported as an error of that call instead of reaching the agent.
 """
 
 from __future__ import annotations
@@ -11,41 +18,95 @@ import os
 import signal
 import traceback
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import gymnasium as gym
 
-
-def _call(envs: dict[int, gym.Env], specs: dict[int, tuple[Any, dict]], slot: int, method: str, args: tuple) -> Any:
-    if method == "make":
-        spec, kwargs = args
-        if slot in envs:
-            envs.pop(slot).close()
-        specs[slot] = (spec, kwargs)
-        envs[slot] = gym.make(spec, **kwargs)
-        return None
-    env = envs[slot]
-    if method == "reset":
-        seed, options = args
-        return env.reset(seed=seed, options=options)
-    if method == "step":
-        obs, reward, term, trunc, info = env.step(args[0])
-        return obs, float(reward), bool(term), bool(trunc), info
-    if method == "close":
-        envs.pop(slot).close()
-        return None
-    if method.startswith("_"):
-        raise AttributeError(f"private method {method!r} cannot be called through the pool")
-    return getattr(env.unwrapped, method)(*args)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def worker_main(conn: Connection) -> None:
-    """Serve requests until the parent closes the pipe or sends ``None``."""
+def rss_mb() -> float:
+    """This process's resident memory in MiB (read from ``/proc``; 0 where that is unavailable)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE / 2**20
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _is_text_space(space: Any) -> bool:
+    from crl_envs.spaces import UnicodeText
+
+    return isinstance(space, (UnicodeText, gym.spaces.Text))
+
+
+def _check_obs(env: gym.Env, obs: Any, method: str) -> None:
+    if not isinstance(obs, str) and _is_text_space(env.observation_space):
+        env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+        raise TypeError(f"{env_id} returned a {type(obs).__name__} observation from {method}(); its observation "
+                        "space is text, so observations must be str (fix the env)")
+
+
+class _Host:
+    """The envs of one worker, by slot, and the errors of those that could not be created."""
+
+    def __init__(self) -> None:
+        self.envs: dict[int, gym.Env] = {}
+        self.broken: dict[int, str] = {}
+
+    def call(self, slot: int, method: str, args: tuple) -> Any:
+        if method == "make":
+            spec, kwargs = args
+            if slot in self.envs:
+                self.envs.pop(slot).close()
+            self.broken.pop(slot, None)
+            try:
+                self.envs[slot] = gym.make(spec, **kwargs)
+            except BaseException as e:
+                self.broken[slot] = f"{type(e).__name__}: {e}"
+                raise
+            return None
+        env = self.envs.get(slot)
+        if env is None:
+            why = self.broken.get(slot, "it was never created")
+            raise RuntimeError(f"the env of slot {slot} could not be created ({why}); fix its constructor or kwargs")
+        if method == "reset":
+            seed, options = args
+            obs, info = env.reset(seed=seed, options=options)
+            _check_obs(env, obs, "reset")
+            return obs, info
+        if method == "step":
+            obs, reward, term, trunc, info = env.step(args[0])
+            _check_obs(env, obs, "step")
+            return obs, float(reward), bool(term), bool(trunc), info
+        if method == "close":
+            self.envs.pop(slot).close()
+            return None
+        if method.startswith("_"):
+            raise AttributeError(f"private method {method!r} cannot be called through the pool")
+        return getattr(env.unwrapped, method)(*args)
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001, S110 - best effort at exit
+                pass
+
+
+def worker_main(conn: Connection, max_rss_mb: float | None = None) -> None:
+    """Serve requests until the parent closes the pipe or sends ``None``.
+
+    Args:
+        conn: this worker's end of the pipe.
+        max_rss_mb: when set, the worker exits (announcing why) after a request that leaves
+            its resident memory above this many MiB, so a leaking env cannot exhaust the machine.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     import crl_envs  # noqa: F401 - registers ids and plugins in this process
 
-    envs: dict[int, gym.Env] = {}
-    specs: dict[int, tuple[Any, dict]] = {}
+    host = _Host()
     try:
         while True:
             try:
@@ -56,21 +117,30 @@ def worker_main(conn: Connection) -> None:
                 break
             req_id, slot, method, args = msg
             try:
-                result = _call(envs, specs, slot, method, args)
-                reply = (req_id, True, result)
+                conn.send((req_id, "start", None))
+            except (BrokenPipeError, OSError):
+                break
+            try:
+                result = host.call(slot, method, args)
             except BaseException as e:  # noqa: BLE001 - the parent reports it as an EnvError
-                reply = (req_id, False, (type(e).__name__, str(e), traceback.format_exc(limit=5)))
+                reply = (req_id, "error", (type(e).__name__, str(e), traceback.format_exc(limit=5)))
+            else:
+                try:
+                    reply = (req_id, "ok", bytes(ForkingPickler.dumps(result)))
+                except Exception as e:  # noqa: BLE001 - e.g. a lock or an open file in info
+                    reply = (req_id, "error", (type(e).__name__, f"the result of {method} cannot be pickled to "
+                                               f"send it to the pool ({e}); return plain Python objects", ""))
             try:
                 conn.send(reply)
             except (BrokenPipeError, OSError):
                 break
-            except Exception as e:  # noqa: BLE001 - e.g. an info dict that cannot be pickled
-                conn.send((req_id, False, (type(e).__name__, f"cannot send the result: {e}", "")))
+            except Exception as e:  # noqa: BLE001 - e.g. an exception message that cannot be pickled
+                conn.send((req_id, "error", (type(e).__name__, f"cannot send the result: {e}", "")))
+            if max_rss_mb is not None and (rss := rss_mb()) > max_rss_mb:
+                conn.send((-1, "exit", f"worker memory {rss:.0f} MiB passed max_worker_rss_mb={max_rss_mb:g} "
+                                       f"after {method} on slot {slot} (does an env leak memory?)"))
+                break
     finally:
-        for env in envs.values():
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001, S110 - best effort at exit
-                pass
+        host.close()
         conn.close()
         os._exit(0)
