@@ -521,3 +521,23 @@ def test_swe_bench_env_without_the_repository_offline_names_the_fix(tmp_path):
     msg = str(err.value)
     assert str(tmp_path / "repos" / "psf__requests.git") in msg and "repos_dir" in msg and "SWE_REPOS" in msg
     env.close()
+
+
+def test_swe_multimodal_javascript_rows_load_with_their_swebench_log_parser(tmp_path):
+    pytest.importorskip("swebench")
+    from crl_envs.swe.instances import load_instances
+
+    row = _swe_row(0, repo="Automattic/wp-calypso", instance_id="Automattic__wp-calypso-21648", version="10.10.0",
+                   image_assets={"problem_statement": ["https://user-images.githubusercontent.com/1/x.png"],
+                                 "patch": [], "test_patch": []},
+                   FAIL_TO_PASS=json.dumps(["client/state/selectors/test/index.js | should return the site"]))
+    path = tmp_path / "multimodal.jsonl"
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n")
+    (inst,) = load_instances(path)
+    assert inst.parser_name == "parse_log_calypso" and inst.version == "10.10.0"
+    assert inst.extra["image_assets"]["problem_statement"][0].endswith("x.png")
+    from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY
+
+    classic = tmp_path / "lite.jsonl"
+    classic.write_text(json.dumps(_swe_row(0)) + "\n")
+    assert load_instances(classic)[0].parser_name == MAP_REPO_TO_PARSER_PY["psf/requests"].__name__

@@ -48,6 +48,12 @@ _REPO_TEST_CMD = {
     "sympy/sympy": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose {files}",
 }
 
+# swebench's per-language repo -> log parser tables (Multimodal's JavaScript repos, SWE-bench-java, ...).
+_PARSER_TABLES = (("python", "MAP_REPO_TO_PARSER_PY"), ("javascript", "MAP_REPO_TO_PARSER_JS"),
+                  ("java", "MAP_REPO_TO_PARSER_JAVA"), ("go", "MAP_REPO_TO_PARSER_GO"),
+                  ("rust", "MAP_REPO_TO_PARSER_RUST"), ("c", "MAP_REPO_TO_PARSER_C"),
+                  ("php", "MAP_REPO_TO_PARSER_PHP"), ("ruby", "MAP_REPO_TO_PARSER_RUBY"))
+
 
 class InstanceFileError(ValueError):
     """A malformed instance file; the message names the file, the instance and the field."""
@@ -87,12 +93,16 @@ class SWEInstance:
         """The swebench log parser (``PARSER_REGISTRY`` key) for this instance."""
         if self.log_parser:
             return self.log_parser
-        try:
-            from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY
+        import importlib
 
-            return MAP_REPO_TO_PARSER_PY[self.repo].__name__
-        except (ImportError, KeyError):
-            return "parse_log_pytest"
+        for module, table_name in _PARSER_TABLES:
+            try:
+                table = getattr(importlib.import_module(f"swebench.harness.log_parsers.{module}"), table_name)
+            except (ImportError, AttributeError):
+                continue
+            if self.repo in table:
+                return table[self.repo].__name__
+        return "parse_log_pytest"
 
     def test_command(self) -> str:
         """The shell command that runs this instance's tests (pytest ``-rA`` unless the repo needs another)."""
