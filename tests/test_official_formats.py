@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -468,7 +469,9 @@ def test_swe_json_exports_in_every_layout_hf_and_pandas_write(tmp_path, writer):
     else:
         df = pd.DataFrame(rows)
         df["created_at"] = pd.to_datetime(df["created_at"])
-        df.to_json(path, orient=writer.removeprefix("pandas_"), date_format="epoch")  # pandas<4 default
+        with warnings.catch_warnings():  # pandas 3 deprecates "epoch", the default of pandas 1-2 users have
+            warnings.simplefilter("ignore")
+            df.to_json(path, orient=writer.removeprefix("pandas_"), date_format="epoch")
     insts = load_instances(path)
     assert [i.instance_id for i in insts] == ["psf__requests-2317", "psf__requests-2318"]
     assert insts[0].created_at == "2014-11-01T02:20:16Z" and insts[0].version == "2.4"
@@ -482,6 +485,7 @@ def test_swe_json_exports_in_every_layout_hf_and_pandas_write(tmp_path, writer):
     ("noid.jsonl", "ROW_NO_ID", r"noid\.jsonl:2: missing required field 'instance_id'"),
     ("noid.parquet", "ROW_NO_ID", r"noid\.parquet row 1: missing required field 'instance_id'"),
     ("bool.json", "BOOL_VERSION", r"bool\.json\[0\] \(instance_id='psf__requests-2317'\): field 'version'"),
+    ("snapshot", "HF_SNAPSHOT", r"snapshot: is a folder; pass one instance file.*test-00000-of-00001\.parquet"),
     ("f2p.jsonl", "BAD_F2P", r"f2p\.jsonl:1 \(instance_id='psf__requests-2317'\): field 'FAIL_TO_PASS' is a string "
                              r"but not valid JSON"),
 ])
@@ -498,6 +502,11 @@ def test_swe_malformed_or_empty_files_name_the_file_row_and_field(tmp_path, name
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     elif content == "BOOL_VERSION":
         path.write_text(json.dumps([_swe_row(0, version=True)]))
+    elif content == "HF_SNAPSHOT":  # what `huggingface-cli download princeton-nlp/SWE-bench_Lite` leaves
+        (path / "data").mkdir(parents=True)
+        for split in ("dev", "test"):
+            (path / "data" / f"{split}-00000-of-00001.parquet").write_bytes(b"PAR1")
+        (path / "README.md").write_text("---\ndataset_info: ...\n---\n")
     elif content == "BAD_F2P":
         path.write_text(json.dumps(_swe_row(0, FAIL_TO_PASS="test_requests.py::test_a, test_b")) + "\n")
     else:

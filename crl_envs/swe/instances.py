@@ -210,6 +210,11 @@ def load_instances(path: str | os.PathLike) -> list[SWEInstance]:
         FileNotFoundError: when ``path`` does not exist.
     """
     p = Path(path)
+    if p.is_dir():  # e.g. a Hugging Face snapshot folder holding data/test-00000-of-00001.parquet
+        found = sorted(str(f) for ext in ("parquet", "jsonl", "json") for f in p.rglob(f"*.{ext}"))[:5]
+        hint = f"; files here: {', '.join(found)}" if found else ""
+        raise InstanceFileError(f"{p}: is a folder; pass one instance file (one split), e.g. "
+                                f"data/test-00000-of-00001.parquet of a SWE-bench snapshot{hint}")
     if not p.is_file():
         raise FileNotFoundError(f"SWE instance file not found: {p}")
     suffix = p.suffix.lower()
