@@ -206,7 +206,7 @@ def _load_cached(items_path: str, attrs_path: str, human_path: str, reviews_path
             upper, price_text = price_bound(product.price, rng)
             options = ins["instruction_options"]
             goals.append(Goal(
-                asin=product.asin, instruction_text=ins["instruction"].strip().strip(".") + price_text,
+                asin=product.asin, instruction_text=ins["instruction"].strip(".") + price_text,
                 attributes=attrs, goal_options=options, price_upper=upper, query=product.query,
                 category=product.category, product_category=product.product_category, name=product.title,
             ))
