@@ -115,6 +115,8 @@ def alf_tree(tmp_path_factory):
 
 def _alfworld_own_collect(split_path: Path) -> list[str]:
     """The games alfworld 0.4.2's own ``AlfredTWEnv.collect_game_files`` keeps (its 134 on valid_unseen)."""
+    pytest.importorskip("alfworld")
+    pytest.importorskip("textworld")
     from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
 
     config = {"env": {"goal_desc_human_anns_prob": 0.0, "task_types": [1, 2, 3, 4, 5, 6]},
