@@ -257,6 +257,14 @@ def test_bm25s_ranks_like_brute_force_scoring():
     assert fast.search("zzzqqq xyzzy") == [] and fast.search("the of and") == []
 
 
+def test_search_keeps_accented_and_non_latin_words_whole():
+    docs = ["crème brûlée dessert kit", "cream cheese spread", "抹茶 green tea powder", "plain bagels"]
+    engine = SearchEngine(docs)
+    assert engine.search("crème brûlée")[0] == 0 and engine.search("CRÈME")[0] == 0
+    assert engine.search("抹茶") == [2]
+    assert engine.search("me") == []  # not a fragment of "crème"
+
+
 # ----------------------------------------------------------------------------------- site
 def _env(**kw):
     return gym.make("crl/WebShop-v0", **kw)

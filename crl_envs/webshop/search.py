@@ -28,12 +28,12 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 SEARCH_RETURN_N = 50
 K1, B = 0.9, 0.4
-_TOKEN = re.compile(r"[a-z0-9]+")
+_TOKEN = re.compile(r"[^\W_]+")  # runs of Unicode letters and digits: "crème" stays one word
 STOPWORDS = frozenset(bm25s.stopwords.STOPWORDS_EN)
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-case alphanumeric tokens without English stop words."""
+    """Lower-case letter-and-digit tokens (any script) without English stop words."""
     return [t for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
 
 
