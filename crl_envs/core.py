@@ -12,7 +12,10 @@ Subclasses implement three hooks and get the rest of the contract for free:
 The base class guarantees the ``info`` keys (``task``, ``admissible_actions``,
 ``valid_action``, ``success``, ``progress``), turns every malformed or inapplicable action
 into an *invalid move* (reward 0, feedback in the observation, never an exception), and
-caps action length so that hostile inputs stay cheap.
+caps action length so that hostile inputs stay cheap. Non-``str`` actions, empty ones, over-long
+ones and text that is not valid Unicode (lone surrogates) never reach ``_apply``. A step after
+the episode terminated is an invalid move that asks for ``reset()``; a step before the first
+``reset()`` raises ``gymnasium.error.ResetNeeded``, as Gymnasium's ``OrderEnforcing`` does.
 """
 
 from __future__ import annotations
@@ -26,6 +29,17 @@ from crl_envs.spaces import UnicodeText
 
 MAX_ACTION_CHARS = 4096
 MAX_OBS_CHARS = 65536
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogates, which no tokenizer or file accepts)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class InvalidAction(Exception):
@@ -69,6 +83,7 @@ class TextEnv(gym.Env[str, str]):
         self._success = False
         self._progress = 0.0
         self._done = False
+        self._reset_called = False
 
     # ----------------------------------------------------------------- hooks
     def _reset_task(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
@@ -102,6 +117,7 @@ class TextEnv(gym.Env[str, str]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
+        self._reset_called = True
         self._success = False
         self._progress = 0.0
         self._done = False
@@ -119,6 +135,8 @@ class TextEnv(gym.Env[str, str]):
         return obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._reset_called:
+            raise gym.error.ResetNeeded(f"{type(self).__name__}: call reset() before step()")
         outcome: StepOutcome | None = None
         feedback = ""
         if self._done:
@@ -127,6 +145,9 @@ class TextEnv(gym.Env[str, str]):
             feedback = f"Invalid action: expected text, got {type(action).__name__}."
         elif len(action) > MAX_ACTION_CHARS:
             feedback = f"Invalid action: longer than {MAX_ACTION_CHARS} characters."
+        elif not _is_unicode(action):
+            feedback = ("Invalid action: the text is not valid Unicode (it holds a lone surrogate such as "
+                        "'\\ud800'); send plain text.")
         else:
             norm = self.normalize_action(action)
             if not norm:
