@@ -140,6 +140,24 @@ def test_minihack_raw_keys_inside_a_question_neither_save_nor_quit_the_game():
     _oracle_finish(env, 150)
 
 
+def test_minihack_a_message_ending_in_a_question_mark_does_not_open_raw_keys():
+    pytest.importorskip("minihack")
+    import numpy as np
+
+    env = _make("crl/MiniHack-Room-5x5-v0")
+    env.reset(seed=0)
+    u = env.unwrapped
+    fake = np.zeros_like(u._obs["message"])
+    text = b"You hear someone counting money. Who could it be?"
+    fake[: len(text)] = np.frombuffer(text, dtype=np.uint8)
+    u._obs = {**u._obs, "message": fake}  # a message that reads like a question, at the command loop
+    u._continue()
+    assert u._prompt == ""
+    for key in ("S", "Q", "i"):  # save, quit, inventory would reach NetHack's command loop
+        _step_checked(env, key)
+    _oracle_finish(env, 100)
+
+
 # ----------------------------------------------------------------------- ALFWorld
 @pytest.fixture(scope="module")
 def alfworld_cache(tmp_path_factory):

@@ -13,7 +13,7 @@ from crl_envs.minihack.render import Renderer, map_box, text_of
 from crl_envs.minihack.solver import MiniHackPlanner
 
 _OBS_KEYS = ("chars", "blstats", "message", "screen_descriptions", "inv_strs", "inv_letters", "tty_chars")
-_XWAITFORSPACE, _IN_GETLIN = 3, 2  # indices into NLE's "internal" array (never shown to agents)
+_IN_YN, _IN_GETLIN, _XWAITFORSPACE = 1, 2, 3  # indices into NLE's "internal" array (never shown to agents)
 _MAX_CONTINUES = 64
 _DEATH, _TASK_SUCCESSFUL = 1, 2  # nle's StepStatus
 _NAMES = {
@@ -157,7 +157,9 @@ class MiniHackTextEnv(TextEnv):
             else:  # NetHack wants a typed line (e.g. a name); agents only answer single-key questions
                 _, term, info = self._key(_ESC)
         msg = text_of(self._obs["message"])
-        self._prompt = msg if (msg.endswith("?") or msg.endswith("]") or "[yn" in msg) else ""
+        # NetHack's own flag, not the message's wording: a message that merely ends in "?" must not let
+        # raw letters (S = save, Q = quit, i = inventory) reach the command loop
+        self._prompt = (msg or "NetHack asks for one key.") if self._internal[_IN_YN] else ""
         if parts and parts[-1] != msg:
             parts.append(msg)
         self._message = "  ".join(p for p in parts if p) if parts else msg
