@@ -190,3 +190,27 @@ def test_malformed_actions_through_the_pool_are_invalid_moves(action):
         obs, reward, term, trunc, info = pool.step(0, action)
         assert not info["valid_action"] and reward == 0 and not term and "Invalid action" in obs
         assert pool.step(0, "5")[4]["valid_action"]
+
+
+@pytest.mark.slow
+def test_ray_actors_contain_raising_constructors_and_non_text_observations():
+    ray = pytest.importorskip("ray", reason="the ray backend needs ray (pip install -e '.[ray]')")
+    from crl_envs.pool.ray_pool import RayEnvPool
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": root}})
+
+    async def main():
+        async with RayEnvPool(["hostile/RaisingCtor-v0", "hostile/NonTextObs-v0"], num_workers=1) as pool:
+            with pytest.raises(EnvError, match="could not be created.*dataset is missing"):
+                await pool.reset(0, seed=0)
+            await pool.reset(1, seed=0)
+            with pytest.raises(EnvError, match="returned a NoneType observation"):
+                await pool.step(1, "none")
+            assert "Guess" in (await pool.reset(1, seed=1))[0] and pool.restarts() == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        ray.shutdown()

@@ -29,23 +29,27 @@ def _ray():
 
 
 class _EnvHost:
-    """A Ray actor body: several envs, called by slot."""
+    """A Ray actor body: several envs, called by slot, with the process worker's checks.
+
+    An env whose constructor raises breaks only its own slot: its calls fail with the
+    constructor's error, and non-text observations from a text env are errors of their call.
+    """
 
     def __init__(self, specs: dict[int, tuple[Any, dict]]):
         import crl_envs  # noqa: F401 - registers ids and plugins in the actor
+        from crl_envs.pool.worker import _Host
 
-        self.envs = {slot: gym.make(spec, **kw) for slot, (spec, kw) in specs.items()}
+        self.host = _Host()
+        for slot, (spec, kw) in specs.items():
+            try:
+                self.host.call(slot, "make", (spec, kw))
+            except Exception:  # noqa: BLE001, S110 - reported by the slot's next call
+                pass
 
     def call(self, slot: int, method: str, args: tuple) -> Any:
-        env = self.envs[slot]
-        if method == "reset":
-            return env.reset(seed=args[0], options=args[1])
-        if method == "step":
-            obs, reward, term, trunc, info = env.step(args[0])
-            return obs, float(reward), bool(term), bool(trunc), info
-        if method.startswith("_"):
-            raise AttributeError(f"private method {method!r} cannot be called through the pool")
-        return getattr(env.unwrapped, method)(*args)
+        if method == "make":
+            raise AttributeError("make cannot be called through the pool")
+        return self.host.call(slot, method, args)
 
     def pid(self) -> int:
         return os.getpid()
