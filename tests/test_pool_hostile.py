@@ -214,3 +214,46 @@ def test_ray_actors_contain_raising_constructors_and_non_text_observations():
         asyncio.run(main())
     finally:
         ray.shutdown()
+
+
+_ORPHAN_SCRIPT = """
+import asyncio, sys
+import gymnasium as gym
+from crl_envs.pool import EnvPool
+gym.register("test/Faulty-v0", entry_point="tests.toy_envs:FaultyEnv", max_episode_steps=12)
+
+async def main():
+    async with EnvPool(["test/Faulty-v0"], num_workers=1, timeout=3600) as pool:
+        await pool.reset(0, seed=0)
+        print(pool.worker_pids()[0], flush=True)
+        await pool.step(0, "hang")
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def test_a_worker_stuck_in_a_hung_call_exits_when_its_pool_process_is_killed(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = tmp_path / "pool_then_die.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=root, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": root})
+    try:
+        worker = psutil.Process(int(parent.stdout.readline()))
+    finally:
+        parent.kill()
+        parent.wait()
+    for _ in range(200):  # the worker polls for its parent twice a second; this loop only guards a hang
+        if not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.1)
+    else:
+        worker.kill()
+        pytest.fail("the worker outlived its pool's process (it was stuck in a hung step)")

@@ -6,6 +6,7 @@ pool times a call from then on, not from when it was queued behind other slots' 
 then ``(req_id, "ok", pickled result)`` or ``(req_id, "error", (type, message, traceback))``.
 The result is pickled separately so that a result the pool cannot unpickle fails only its
 own call. ``(-1, "exit", reason)`` announces that the worker recycles itself (memory limit).
+A worker exits by itself when the pool's process dies, even in the middle of a hung call.
 
 Only plain text and small Python objects cross the pipe; there is no shared memory. A
 text env (one whose observation space is text) must return ``str`` observations: anything
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
@@ -95,6 +98,18 @@ class _Host:
                 pass
 
 
+def _exit_with_parent(interval: float = 0.5) -> None:
+    """Exit as soon as the pool's process dies, even while an env call hangs (no orphans after ``kill -9``)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="crl-env-parent-watch", daemon=True).start()
+
+
 def worker_main(conn: Connection, max_rss_mb: float | None = None) -> None:
     """Serve requests until the parent closes the pipe or sends ``None``.
 
@@ -104,6 +119,7 @@ def worker_main(conn: Connection, max_rss_mb: float | None = None) -> None:
             its resident memory above this many MiB, so a leaking env cannot exhaust the machine.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _exit_with_parent()
     import crl_envs  # noqa: F401 - registers ids and plugins in this process
 
     host = _Host()
