@@ -257,3 +257,49 @@ def test_a_worker_stuck_in_a_hung_call_exits_when_its_pool_process_is_killed(tmp
     else:
         worker.kill()
         pytest.fail("the worker outlived its pool's process (it was stuck in a hung step)")
+
+
+def test_random_kills_during_concurrent_episodes_never_hang_and_every_episode_is_whole_or_errored():
+    import random
+
+    targets = {}
+    for seed in range(30):
+        probe = gym.make("test/Guess-v0")
+        probe.reset(seed=seed)
+        targets[seed] = probe.unwrapped.target
+
+    async def main():
+        outcomes = {"whole": 0, "errored": 0}
+        stop = asyncio.Event()
+        async with EnvPool(["test/Guess-v0"] * 6, num_workers=2, timeout=30) as pool:
+            async def episodes(slot: int) -> None:
+                n = 0
+                while not stop.is_set():
+                    seed, n = n % 30, n + 1
+                    try:
+                        await pool.reset(slot, seed=seed)
+                        for guess in range(1, 10):
+                            obs, reward, term, trunc, info = await pool.step(slot, str(guess))
+                            if term:
+                                break
+                        # a whole episode is the right one: it ends exactly at the hidden number
+                        assert term and reward == 1.0 and guess == targets[seed]
+                        outcomes["whole"] += 1
+                    except EnvError as e:
+                        assert e.cause == "crash", e
+                        outcomes["errored"] += 1
+
+            async def killer() -> None:
+                rng = random.Random(0)
+                for _ in range(6):
+                    await asyncio.sleep(rng.uniform(0.05, 0.3))
+                    if pids := pool.worker_pids():
+                        os.kill(rng.choice(pids), signal.SIGKILL)
+                await asyncio.sleep(0.5)  # let the pool recover and serve whole episodes again
+                stop.set()
+
+            await asyncio.gather(killer(), *(episodes(s) for s in range(6)))
+            return outcomes, pool.restarts()
+
+    outcomes, restarts = asyncio.run(main())
+    assert outcomes["errored"] >= 1 and restarts >= 1 and outcomes["whole"] > 6 * 30
