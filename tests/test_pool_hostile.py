@@ -303,3 +303,20 @@ def test_random_kills_during_concurrent_episodes_never_hang_and_every_episode_is
 
     outcomes, restarts = asyncio.run(main())
     assert outcomes["errored"] >= 1 and restarts >= 1 and outcomes["whole"] > 6 * 30
+
+
+def test_vector_adapter_reports_a_crashed_sub_env_as_truncated_and_keeps_the_batch():
+    from crl_envs.pool import PoolVectorEnv
+
+    venv = PoolVectorEnv("test/Faulty-v0", num_envs=3, num_workers=3)
+    try:
+        venv.reset(seed=0)
+        obs, rew, term, trunc, infos = venv.step(("5", "crash", "5"))
+        assert list(trunc) == [False, True, False] and list(infos["_env_error"]) == [False, True, False]
+        assert "crash" in infos["env_error"][1] and "environment failed" in obs[1]
+        assert list(infos["valid_action"]) == [True, False, True]  # the healthy sub-envs' steps are kept
+        obs, rew, term, trunc, infos = venv.step(("5", "5", "5"))  # the crashed one autoresets
+        assert "Guess a number" in obs[1] and not trunc.any() and "env_error" not in infos
+        assert venv.step(("5", "5", "5"))[4]["valid_action"].all()
+    finally:
+        venv.close()

@@ -4,6 +4,11 @@ Autoreset is explicit: ``metadata["autoreset_mode"]`` is ``AutoresetMode.NEXT_ST
 Gymnasium's own vector envs: the step after a sub-env ends resets it (its action is ignored)
 and returns the first observation of the new episode with reward 0.
 Observations are tuples of strings; there is no shared memory for text.
+
+A sub-env whose call fails in the pool (its worker crashed or timed out, or the env raised)
+does not take the batch down: its episode ends as *truncated* with reward 0, the
+observation says what happened, ``infos["env_error"]`` holds the :class:`EnvError` text, and
+the next step autoresets it. The other sub-envs' results of that step are returned as usual.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import numpy as np
 from gymnasium.spaces import Tuple
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from crl_envs.pool.local import EnvPool
+from crl_envs.pool.local import EnvError, EnvPool
 
 
 class PoolVectorEnv(VectorEnv):
@@ -54,11 +59,18 @@ class PoolVectorEnv(VectorEnv):
         self.spec = gym.spec(env_id)
         self._autoreset = np.zeros(num_envs, dtype=bool)
 
-    def _gather(self, coros):
+    def _gather(self, coros, return_exceptions: bool = False):
         async def run():
-            return await asyncio.gather(*coros)
+            return await asyncio.gather(*coros, return_exceptions=return_exceptions)
 
         return self._loop.run_until_complete(run())
+
+    @staticmethod
+    def _errored(e: EnvError):
+        """A failed sub-env step as a truncated episode that reports the error."""
+        info = {"env_error": str(e), "valid_action": False, "success": False, "progress": 0.0}
+        return f"The environment failed ({e.cause}); this episode is over and the next step starts a new one.", \
+            0.0, False, True, info
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         if seed is None or isinstance(seed, int):
@@ -84,7 +96,12 @@ class PoolVectorEnv(VectorEnv):
                 return obs, 0.0, False, False, info
             return await self.pool.step(i, action)
 
-        outs = self._gather(one(i, a) for i, a in enumerate(actions))
+        outs = self._gather((one(i, a) for i, a in enumerate(actions)), return_exceptions=True)
+        for i, o in enumerate(outs):
+            if isinstance(o, EnvError):
+                outs[i] = self._errored(o)
+            elif isinstance(o, BaseException):
+                raise o
         obs = tuple(o[0] for o in outs)
         rewards = np.array([o[1] for o in outs], dtype=np.float64)
         terminated = np.array([o[2] for o in outs], dtype=bool)
