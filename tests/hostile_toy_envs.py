@@ -85,7 +85,31 @@ class BadInfoEnv(GuessEnv):
         return obs, r, term, trunc, info
 
 
+class ForkingEnv(GuessEnv):
+    """``step("fork-crash")`` forks a child that keeps the pipe to the pool open, then kills its own process.
+
+    The child's pid goes to ``pid_file`` so the test can end it.
+    """
+
+    def __init__(self, pid_file: str = "", render_mode: str | None = None):
+        super().__init__(render_mode=render_mode)
+        self.pid_file = pid_file
+
+    def step(self, action):
+        if action == "fork-crash":
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(30)  # holds every inherited fd, the pool's pipe included
+                os._exit(0)
+            if self.pid_file:
+                with open(self.pid_file, "w") as f:
+                    f.write(str(pid))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)
+
+
 HOSTILE_IDS = {
+    "hostile/Forking-v0": "tests.hostile_toy_envs:ForkingEnv",
     "hostile/SlowReset-v0": "tests.hostile_toy_envs:SlowResetEnv",
     "hostile/RaisingCtor-v0": "tests.hostile_toy_envs:RaisingCtorEnv",
     "hostile/CrashingCtor-v0": "tests.hostile_toy_envs:CrashingCtorEnv",

@@ -320,3 +320,21 @@ def test_vector_adapter_reports_a_crashed_sub_env_as_truncated_and_keeps_the_bat
         assert venv.step(("5", "5", "5"))[4]["valid_action"].all()
     finally:
         venv.close()
+
+
+def test_a_crash_is_seen_at_once_even_when_a_forked_child_keeps_the_pipe_open(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    try:
+        with SyncEnvPool([("hostile/Forking-v0", {"pid_file": str(pid_file)})], num_workers=1, timeout=10) as pool:
+            pool.reset(0, seed=0)
+            with pytest.raises(EnvError) as e:
+                pool.step(0, "fork-crash")
+            assert e.value.cause == "crash" and "SIGKILL" in e.value.detail  # seen at the exit, not at the timeout
+            pool.reset(0, seed=0)
+            assert pool.step(0, "5")[4]["valid_action"]
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

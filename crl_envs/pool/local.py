@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import signal
@@ -113,6 +114,7 @@ class _Worker:
     sender: _Sender | None = None
     pending: dict[int, _Call] = field(default_factory=dict)
     making: asyncio.Task | None = None  # creating its envs
+    exit_fd: int | None = None  # a pidfd: readable once the process has exited
     restarts: int = 0
 
 
@@ -191,6 +193,12 @@ class EnvPool:
         w.conn = parent
         w.sender = _Sender(parent, f"crl-env-sender-{w.index}")
         self._loop.add_reader(parent.fileno(), self._on_readable, w)
+        # the process's own exit, seen even when a child the env forked keeps the pipe (and the sentinel) open
+        try:
+            w.exit_fd = os.pidfd_open(w.process.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: the sentinel, which a forked child can hold open
+            w.exit_fd = None
+        self._loop.add_reader(w.process.sentinel if w.exit_fd is None else w.exit_fd, self._on_exit, w, w.process)
         calls = [self._submit(w, n, "make", (s.spec, s.kwargs)) for n, s in enumerate(self.slots)
                  if s.worker == w.index]
         w.making = self._loop.create_task(self._await_makes(w, calls))
@@ -235,6 +243,12 @@ class EnvPool:
             w.process.join(timeout=1)
             self._restart(w, "crash", _describe_exit(w.process))
 
+    def _on_exit(self, w: _Worker, process: Any) -> None:
+        self._on_readable(w)  # replies it sent before it died still count
+        if w.process is process:
+            process.join(timeout=1)
+            self._restart(w, "crash", _describe_exit(process))
+
     def _error(self, slot: int, cause: str, detail: str) -> EnvError:
         s = self.slots[slot]
         return EnvError(s.env_id, s.seed, slot, cause, detail)
@@ -244,8 +258,12 @@ class EnvPool:
         try:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(w.conn.fileno())
+                self._loop.remove_reader(w.process.sentinel if w.exit_fd is None else w.exit_fd)
         except (ValueError, OSError):
             pass
+        if w.exit_fd is not None:
+            os.close(w.exit_fd)
+            w.exit_fd = None
         if graceful:
             w.sender.put(bytes(ForkingPickler.dumps(None)))
             w.process.join(timeout=2)
