@@ -338,3 +338,33 @@ def test_a_crash_is_seen_at_once_even_when_a_forked_child_keeps_the_pipe_open(tm
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_slot_outside_the_pool_is_an_index_error_not_another_slot():
+    with SyncEnvPool(["test/Guess-v0", "test/Guess-v0"], num_workers=1) as pool:
+        for bad in (-1, 2, "0", 1.0, None):
+            with pytest.raises(IndexError, match=r"slots 0\.\.1"):
+                pool.reset(bad, seed=0)
+            with pytest.raises(IndexError, match=r"slots 0\.\.1"):
+                pool.step(bad, "5")
+
+
+def test_close_with_calls_in_flight_fails_them_as_closed_and_reaps_everything():
+    async def main():
+        pool = EnvPool(["test/Faulty-v0", "test/Guess-v0"], num_workers=2, timeout=600)
+        await pool.start()
+        await pool.reset(0, seed=0)
+        await pool.reset(1, seed=0)
+        hung = asyncio.create_task(pool.step(0, "hang"))
+        while not any(c.started.done() for c in pool.workers[0].pending.values()):
+            await asyncio.sleep(0.02)
+        pool.close()
+        with pytest.raises(EnvError) as e:
+            await hung
+        assert e.value.cause == "closed"
+        with pytest.raises(EnvError, match="closed"):
+            await pool.step(1, "5")
+
+    threads = threading.active_count()
+    asyncio.run(main())
+    assert threading.active_count() == threads

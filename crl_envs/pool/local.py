@@ -353,6 +353,7 @@ class EnvPool:
             raise self._error(call.slot, "timeout", what) from None
 
     async def _request(self, slot: int, method: str, args: tuple, timeout: float) -> Any:
+        self._check_slot(slot)
         if not self._started:
             await self.start()
         if self._closed:
@@ -371,8 +372,13 @@ class EnvPool:
             s.active, s.lost = True, None
         return result
 
+    def _check_slot(self, slot: Any) -> None:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < len(self.slots):
+            raise IndexError(f"slot {slot!r} does not exist; this pool has slots 0..{len(self.slots) - 1}")
+
     async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
         """``env.reset`` on one slot; returns ``(obs, info)``."""
+        self._check_slot(slot)
         s = self.slots[slot]
         s.seed, s.active = seed, False
         return await self._request(slot, "reset", (seed, options), self.reset_timeout)
