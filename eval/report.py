@@ -50,7 +50,8 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
 
 def agent_label(summary: dict[str, Any]) -> str:
     agent = summary["agent"]
-    model = agent.get("model")
+    llm = agent.get("llm")  # the llm and crl agents describe their backend under "llm"
+    model = agent.get("model") or (llm.get("model") if isinstance(llm, dict) else None)
     return f"{agent.get('name', '?')} ({model})" if model else str(agent.get("name", "?"))
 
 

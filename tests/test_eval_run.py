@@ -350,3 +350,11 @@ def test_report_tells_apart_two_runs_of_one_agent_and_plots_only_summarised_epis
     assert report_main([str(tmp_path / "s0"), str(tmp_path / "s9"), "--out", str(tmp_path / "cmp")]) == 0
     md = (tmp_path / "cmp" / "results.md").read_text()
     assert "agent `random [s0]`" in md and "agent `random [s9]`" in md
+
+
+def test_report_labels_name_the_model_of_llm_agents():
+    from eval.report import agent_label
+
+    assert agent_label({"agent": {"name": "llm", "llm": {"backend": "openai", "model": "Qwen2.5-7B"}}}) == "llm (Qwen2.5-7B)"
+    assert agent_label({"agent": {"name": "fake", "model": "m"}}) == "fake (m)"
+    assert agent_label({"agent": {"name": "random"}}) == "random"
