@@ -35,6 +35,11 @@ HOSTILE_ANY = (
 )
 
 
+# Free text an agent may send or read: spaces, punctuation, non-ASCII.
+FREE_TEXT = "go to desk 1, then put the café mug in/on drawer 2!"
+SPACE_HINT = "use crl_envs.UnicodeText(max_length) (gymnasium's Text(n) accepts only letters and digits by default)"
+
+
 class ConformanceError(AssertionError):
     """An env broke the crl-bench text-env contract."""
 
@@ -77,7 +82,8 @@ def _check_reset(env: gym.Env, seed: int | None) -> tuple[str, dict]:
     if not isinstance(obs, str):
         _fail("reset", f"observation must be str, got {type(obs).__name__}")
     if not env.observation_space.contains(obs):
-        _fail("reset", f"observation (len {len(obs)}) is not in the observation space {env.observation_space}")
+        _fail("reset", f"observation {obs[:60]!r} (len {len(obs)}) is not in the observation space "
+              f"{env.observation_space}: {SPACE_HINT}")
     if not isinstance(info, dict):
         _fail("reset", "info must be a dict")
     for k in REQUIRED_RESET_KEYS:
@@ -106,7 +112,8 @@ def _check_step(env: gym.Env, action: str) -> tuple:
     if not isinstance(obs, str):
         _fail("step", f"observation must be str, got {type(obs).__name__}")
     if not env.observation_space.contains(obs):
-        _fail("step", f"observation (len {len(obs)}) is not in the observation space")
+        _fail("step", f"after action {action[:40]!r}: observation {obs[:60]!r} (len {len(obs)}) is not in the "
+              f"observation space {env.observation_space}: {SPACE_HINT}")
     if not isinstance(reward, (int, float, np.floating)) or isinstance(reward, bool):
         _fail("step", f"reward must be a number, got {type(reward).__name__}")
     if not isinstance(terminated, bool) or not isinstance(truncated, bool):
@@ -117,8 +124,8 @@ def _check_step(env: gym.Env, action: str) -> tuple:
     if not isinstance(info["valid_action"], bool) or not isinstance(info["success"], bool):
         _fail("step", "info['valid_action'] and info['success'] must be bool")
     p = info["progress"]
-    if not isinstance(p, (int, float)) or not 0.0 <= float(p) <= 1.0:
-        _fail("step", f"info['progress'] must be a float in [0, 1], got {p!r}")
+    if not isinstance(p, (int, float, np.integer, np.floating)) or not 0.0 <= float(p) <= 1.0:
+        _fail("step", f"info['progress'] must be a number in [0, 1], got {p!r} ({type(p).__name__})")
     _check_admissible(info, "step")
     return out
 
@@ -192,8 +199,8 @@ def check_text_env(
         # -- spaces
         for name in ("observation_space", "action_space"):
             space = getattr(env, name)
-            if not (space.contains("") or space.contains("look")):
-                _fail("spaces", f"{name} must accept text, got {space}")
+            if not space.contains(FREE_TEXT):
+                _fail("spaces", f"{name} {space} must accept free text such as {FREE_TEXT!r}: {SPACE_HINT}")
         if "ansi" not in env.metadata.get("render_modes", []):
             _fail("spaces", "metadata['render_modes'] must include 'ansi'")
         report.checks.append("spaces")

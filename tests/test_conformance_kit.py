@@ -48,3 +48,53 @@ def test_kit_flags_single_instance_envs_unless_told():
     with pytest.raises(ConformanceError, match=r"\[seeds\]"):
         check_text_env(lambda: OneTask())
     check_text_env(lambda: OneTask(), single_instance=True)
+
+
+class _PlainTextEnv:
+    """A plain Gymnasium text env (not a TextEnv), as third parties write them."""
+
+    @staticmethod
+    def make(space: str = "unicode", progress_type: type = float):
+        import gymnasium as gym
+
+        from crl_envs import UnicodeText
+
+        class Plain(gym.Env):
+            metadata = {"render_modes": ["ansi"]}
+
+            def __init__(self, render_mode=None):
+                self.render_mode = render_mode
+                self.observation_space = gym.spaces.Text(10_000) if space == "text" else UnicodeText(10_000)
+                self.action_space = UnicodeText(10_000)
+                self.target = 0
+
+            def _info(self, valid=True, success=False):
+                return {"task": f"say {self.target}", "admissible_actions": None, "valid_action": valid,
+                        "success": success, "progress": progress_type(success)}
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                self.target = int(self.np_random.integers(100))
+                return f"Say the number {self.target}.", self._info()
+
+            def step(self, action):
+                valid = action.strip().isdigit()
+                success = valid and int(action) == self.target
+                return ("Yes." if success else "No, say a number."), float(success), success, False, \
+                    self._info(valid, success)
+
+            def render(self):
+                return "Say a number."
+
+        return Plain
+
+
+def test_a_plain_gymnasium_env_with_unicode_spaces_and_numpy_progress_conforms():
+    import numpy as np
+
+    check_text_env(_PlainTextEnv.make(progress_type=np.float32))
+
+
+def test_a_restricted_text_space_fails_naming_the_fix():
+    with pytest.raises(ConformanceError, match=r"\[spaces\] observation_space Text.*use crl_envs.UnicodeText"):
+        check_text_env(_PlainTextEnv.make(space="text"))
