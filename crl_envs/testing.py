@@ -247,6 +247,10 @@ def check_text_env(
 
         # -- truncation
         spec = env.spec
+        if check_truncation and spec is not None and not spec.max_episode_steps:
+            _fail("truncation", f"{spec.id} is registered without max_episode_steps: episodes must be bounded; "
+                  "pass max_episode_steps=N to gymnasium.register (or check_truncation=False if the env "
+                  "truncates on its own)")
         if check_truncation and spec is not None and spec.max_episode_steps:
             env.reset(seed=seeds[0])
             for i in range(spec.max_episode_steps):

@@ -316,6 +316,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for env_id in env_ids:
             limit = gym.spec(env_id).max_episode_steps
             step_caps[env_id] = {"max_episode_steps": min(limit, args.max_steps) if limit else args.max_steps}
+    unbounded = [e for e in env_ids if e not in step_caps and not gym.spec(e).max_episode_steps]
+    if unbounded:  # an agent that never ends the episode would run forever
+        raise TaskSetError(f"{', '.join(unbounded)} registered without max_episode_steps: pass --max-steps N, "
+                           "or register the env with max_episode_steps=N")
     identity = {e: episode_identity(args, kwargs, e, step_caps) for e in env_ids}
     log.repair()
     recorded = log.load()

@@ -98,3 +98,13 @@ def test_a_plain_gymnasium_env_with_unicode_spaces_and_numpy_progress_conforms()
 def test_a_restricted_text_space_fails_naming_the_fix():
     with pytest.raises(ConformanceError, match=r"\[spaces\] observation_space Text.*use crl_envs.UnicodeText"):
         check_text_env(_PlainTextEnv.make(space="text"))
+
+
+def test_an_id_registered_without_a_step_limit_fails_naming_the_fix():
+    import gymnasium as gym
+
+    if "test/GuessNoLimit-v0" not in gym.registry:
+        gym.register("test/GuessNoLimit-v0", entry_point="tests.toy_envs:GuessEnv")
+    with pytest.raises(ConformanceError, match=r"\[truncation\] .*without max_episode_steps.*max_episode_steps=N"):
+        check_text_env("test/GuessNoLimit-v0")
+    assert "truncation at max_episode_steps" not in check_text_env("test/GuessNoLimit-v0", check_truncation=False).checks

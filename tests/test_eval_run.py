@@ -358,3 +358,16 @@ def test_report_labels_name_the_model_of_llm_agents():
     assert agent_label({"agent": {"name": "llm", "llm": {"backend": "openai", "model": "Qwen2.5-7B"}}}) == "llm (Qwen2.5-7B)"
     assert agent_label({"agent": {"name": "fake", "model": "m"}}) == "fake (m)"
     assert agent_label({"agent": {"name": "random"}}) == "random"
+
+
+def test_an_env_without_a_step_limit_needs_max_steps_instead_of_running_forever(tmp_path, capsys):
+    import gymnasium as gym
+
+    if "test/GuessUnbounded-v0" not in gym.registry:
+        gym.register("test/GuessUnbounded-v0", entry_point="tests.toy_envs:GuessEnv")
+    with pytest.raises(SystemExit) as exc:
+        _run(tmp_path / "a", "--agent", "tests.test_eval_run:SyncActAgent", "--tasks", "test/GuessUnbounded-v0")
+    assert exc.value.code == 2 and "without max_episode_steps: pass --max-steps N" in capsys.readouterr().err
+    _run(tmp_path / "b", "--agent", "random", "--tasks", "test/GuessUnbounded-v0", "--episodes", "2", "--max-steps", "4")
+    task = json.loads((tmp_path / "b" / "summary.json").read_text())["tasks"]["test/GuessUnbounded-v0"]
+    assert task["episodes"] == 2 and task["max_episode_steps"] == 4
