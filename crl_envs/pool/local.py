@@ -24,15 +24,13 @@ import itertools
 import multiprocessing as mp
 import os
 import pickle
-import queue
-import signal
-import threading
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import gymnasium as gym
 
+from crl_envs.pool.pipes import Sender, describe_exit
 from crl_envs.pool.worker import worker_main
 from crl_envs.registry import check_env_id
 
@@ -82,52 +80,16 @@ class _Call:
     done: asyncio.Future
 
 
-class _Sender:
-    """Writes pickled requests to one worker's pipe from a thread, so a full pipe never blocks the event loop."""
-
-    def __init__(self, conn: Any, name: str):
-        self.conn = conn
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (buf := self.queue.get()) is not None:
-            try:
-                self.conn.send_bytes(buf)
-            except (OSError, ValueError):
-                return  # the worker is gone: the event loop sees EOF and restarts it
-
-    def put(self, buf: bytes) -> None:
-        self.queue.put(buf)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout)
-
-
 @dataclass
 class _Worker:
     index: int
     process: Any = None
     conn: Any = None
-    sender: _Sender | None = None
+    sender: Sender | None = None
     pending: dict[int, _Call] = field(default_factory=dict)
     making: asyncio.Task | None = None  # creating its envs
     exit_fd: int | None = None  # a pidfd: readable once the process has exited
     restarts: int = 0
-
-
-def _describe_exit(process: Any) -> str:
-    code = process.exitcode
-    if code is None:
-        return "worker process stopped answering"
-    if code < 0:
-        try:
-            return f"worker process was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"worker process was killed by signal {-code}"
-    return f"worker process exited with code {code}"
 
 
 class EnvPool:
@@ -191,7 +153,7 @@ class EnvPool:
         w.process.start()
         child.close()
         w.conn = parent
-        w.sender = _Sender(parent, f"crl-env-sender-{w.index}")
+        w.sender = Sender(parent, f"crl-env-sender-{w.index}")
         self._loop.add_reader(parent.fileno(), self._on_readable, w)
         # the process's own exit, seen even when a child the env forked keeps the pipe (and the sentinel) open
         try:
@@ -241,13 +203,13 @@ class EnvPool:
                     call.done.set_exception(self._error(call.slot, "exception", f"{name}: {msg}\n{tb}".strip()))
         except (EOFError, OSError):
             w.process.join(timeout=1)
-            self._restart(w, "crash", _describe_exit(w.process))
+            self._restart(w, "crash", describe_exit(w.process))
 
     def _on_exit(self, w: _Worker, process: Any) -> None:
         self._on_readable(w)  # replies it sent before it died still count
         if w.process is process:
             process.join(timeout=1)
-            self._restart(w, "crash", _describe_exit(process))
+            self._restart(w, "crash", describe_exit(process))
 
     def _error(self, slot: int, cause: str, detail: str) -> EnvError:
         s = self.slots[slot]
