@@ -198,6 +198,8 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
         wanted = {f"{e}#{run['seed'] + i}" for e in summary.get("tasks", {}) for i in range(run["episodes"])}
         records = [r for r in records if r.get("key") in wanted]
+    # A retried episode (--retry-errored) is recorded again; its latest record is the one that counts.
+    records = list({r.get("key", id(r)): r for r in records}.values())
     return summary, records
 
 

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="episode i of a task resets with seed S+i (default: 0)")
     p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<time>_<agent>)")
     p.add_argument("--resume", action="store_true", help="skip episodes already recorded in --out")
+    p.add_argument("--retry-errored", action="store_true",
+                   help="with --resume: play again the episodes recorded as errored (e.g. during a server outage)")
     p.add_argument("--concurrency", type=int, default=1, help="episodes in flight per task (default: 1)")
     p.add_argument(
         "--num-workers",
@@ -307,6 +309,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     env_ids = resolve_tasks(args.tasks)
     kwargs = agent_kwargs(args)
     out: Path = args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}_{args.agent.rsplit(':', 1)[-1]}"
+    args.out = out  # main() names it if the run is interrupted
     log = EpisodeLog(out / "episodes.jsonl")
     if log.path.exists() and not args.resume:
         raise SystemExit(f"{log.path} exists: pass --resume to continue that run, or choose another --out")
@@ -325,7 +328,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     recorded = log.load()
     check_resumable(recorded, identity, out)
     agent = make_agent(args.agent, args.seed, kwargs, run_dir=out)
-    done = {r["key"]: r for r in recorded}
+    done = {r["key"]: r for r in recorded}  # a later record of a key (a retried episode) wins
+    if args.retry_errored:
+        done = {k: r for k, r in done.items() if not r.get("error")}
     run_config = {
         "tasks": args.tasks,
         "env_ids": env_ids,
@@ -357,7 +362,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await agent.aclose()
     wanted = {episode_key(e, args.seed + i) for e in env_ids for i in range(args.episodes)}
-    records = [r for r in log.load() if r["key"] in wanted]
+    records = list({r["key"]: r for r in log.load() if r["key"] in wanted}.values())
     summary = summarize(records, env_ids, agent.config(), run_config)
     write_json(out / "summary.json", summary)
     (out / "results.md").write_text(report.markdown_table(summary), encoding="utf-8")
@@ -380,12 +385,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-steps must be at least 1")
     if args.num_workers < 0:
         parser.error("--num-workers must be at least 0")
+    if args.retry_errored and not args.resume:
+        parser.error("--retry-errored needs --resume and the --out of the run to retry")
     try:
         asyncio.run(run(args))
     except (TaskSetError, ValueError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     except json.JSONDecodeError as e:
         parser.exit(1, f"{parser.prog}: error: corrupt results file: {e}\n")
+    except KeyboardInterrupt:
+        out = args.out
+        kept = len({r["key"] for r in EpisodeLog(out / "episodes.jsonl").load()}) if out is not None else 0
+        where = f" in {out}" if out is not None else ""
+        print(f"\n{parser.prog}: interrupted; {kept} episode(s) recorded{where}. Run the same command with "
+              "--resume to finish it.", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -371,3 +371,65 @@ def test_an_env_without_a_step_limit_needs_max_steps_instead_of_running_forever(
     _run(tmp_path / "b", "--agent", "random", "--tasks", "test/GuessUnbounded-v0", "--episodes", "2", "--max-steps", "4")
     task = json.loads((tmp_path / "b" / "summary.json").read_text())["tasks"]["test/GuessUnbounded-v0"]
     assert task["episodes"] == 2 and task["max_episode_steps"] == 4
+
+
+class _OutageOracle(_SlowOracle):
+    async def act(self, obs, info):
+        if os.path.exists(self.marker):
+            raise ConnectionError("LLM server unreachable")
+        return await super().act(obs, info)
+
+
+class OutageAgent(Agent):
+    """Errors every episode while the ``marker`` file exists (a server outage), else plays the oracle."""
+
+    name = "outage"
+
+    def __init__(self, seed=0, marker=""):
+        self.marker = marker
+
+    def make_policy(self, ctx):
+        policy = _OutageOracle(ctx)
+        policy.marker = self.marker
+        return policy
+
+
+def test_retry_errored_replays_only_the_errored_episodes_and_counts_each_once(tmp_path):
+    marker = tmp_path / "outage"
+    marker.write_text("down")
+    args = ["--agent", "tests.test_eval_run:OutageAgent", "--agent-arg", f"marker={marker}",
+            "--tasks", "test/Guess-v0", "--episodes", "3"]
+    out = tmp_path / "run"
+    _run(out, *args)
+    assert json.loads((out / "summary.json").read_text())["tasks"]["test/Guess-v0"]["errored"] == 3
+    marker.unlink()
+    _run(out, *args, "--resume")  # a plain resume keeps recorded episodes, errored or not
+    assert json.loads((out / "summary.json").read_text())["tasks"]["test/Guess-v0"]["errored"] == 3
+    _run(out, *args, "--resume", "--retry-errored")
+    task = json.loads((out / "summary.json").read_text())["tasks"]["test/Guess-v0"]
+    assert task["episodes"] == 3 and task["errored"] == 0 and task["success"] == 1.0
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 6  # the errored records are kept, superseded
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "other", *args, "--retry-errored")  # needs --resume
+
+
+def test_ctrl_c_stops_cleanly_and_names_the_resume_command(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "eval.run", "--quiet", "--out", str(out), "--agent",
+           "tests.test_eval_run:SlowOracleAgent", "--tasks", "crl/Sokoban-6x6-1-v0", "--episodes", "200"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    episodes = out / "episodes.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if episodes.exists() and len(episodes.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "interrupted" in err and "--resume" in err and str(out) in err
+    kept = len({json.loads(x)["key"] for x in episodes.read_text().splitlines()})
+    assert f"{kept} episode(s) recorded" in err and 3 <= kept < 200
