@@ -16,9 +16,10 @@ def _rows() -> list[tuple[str, str, str, str, str]]:
     for env_id in sorted(gym.registry):
         spec = gym.registry[env_id]
         fam = family_of(env_id)
-        ep = spec.entry_point if isinstance(spec.entry_point, str) else ""
-        if fam is None and (not ep or ep.startswith(("gymnasium.", "shimmy."))):
-            continue  # Gymnasium's own envs
+        entry = spec.entry_point
+        ep = entry if isinstance(entry, str) else f"{getattr(entry, '__module__', '?')}:{getattr(entry, '__qualname__', '')}"
+        if fam is None and ep.startswith(("gymnasium.", "shimmy.")):
+            continue  # Gymnasium's own envs (a class entry point is listed by its module too)
         m = re.search(r"-v(\d+)$", env_id)
         family = fam.name if fam else f"plugin ({ep.split(':')[0]})"
         installed = "yes" if fam is None or fam.installed() else f"no: pip install -e \".[{fam.extra}]\""

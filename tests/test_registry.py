@@ -40,6 +40,19 @@ def test_cli_lists_ids_with_family_version_steps_and_backend():
     assert "crl/Sokoban-6x6-2-v0" in out and "Sokoban" in out and "backend installed" in out
 
 
+def test_cli_lists_a_plugin_registered_with_a_class_entry_point():
+    from crl_envs.__main__ import _rows
+    from tests.toy_envs import GuessEnv
+
+    gym.register("myorg/ClassEntry-v3", entry_point=GuessEnv, max_episode_steps=7)
+    try:
+        rows = {r[0]: r for r in _rows()}
+    finally:
+        del gym.registry["myorg/ClassEntry-v3"]
+    assert rows["myorg/ClassEntry-v3"][1:4] == ("plugin (tests.toy_envs)", "v3", "7")
+    assert not any(k.startswith(("Reacher", "CartPole")) for k in rows)  # Gymnasium's own stay hidden
+
+
 def test_cli_bad_flags_exit_2():
     proc = subprocess.run([sys.executable, "-m", "crl_envs", "nope"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "usage" in proc.stderr
