@@ -43,16 +43,19 @@ def render(subs: list[dict]) -> str:
              "Built by `python -m leaderboards.build` from `leaderboards/submissions/`. "
              "Success is the percentage of episodes solved, ± its standard error; "
              "episodes per task are shown per column. Progress is the mean normalised score in [0, 1] "
-             "(for WebShop, the reward: its score is progress × 100).", ""]
+             "(for WebShop, the reward: its score is progress × 100). Step cap is the run's `--max-steps` "
+             "(each env's own limit is used where it is lower); `env` means the envs' own limits.", ""]
     for name in sorted(groups):
         entries = sorted(groups[name], key=lambda s: -s["summary"]["macro"]["success"])
         env_ids = sorted({e for s in entries for e in s["summary"]["tasks"]})
         lines += [f"## {name}", ""]
-        header = ["rank", "name", "agent", "model", "macro success %", "macro progress %"] + env_ids + ["verified", "date"]
+        header = ["rank", "name", "agent", "model", "step cap", "macro success %", "macro progress %"] + env_ids + ["verified", "date"]
         lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
         for rank, s in enumerate(entries, 1):
             m, summ = s["metadata"], s["summary"]
+            cap = summ["run"].get("max_steps")
             cells = [str(rank), f"[{m['name']}]({m['url']})" if m["url"] else m["name"], m["agent"], m["model"],
+                     str(cap) if cap else "env",
                      f"{_pct(summ['macro']['success'])} ± {_pct(summ['macro']['success_se'])}",
                      _pct(summ["macro"].get("progress", float("nan")))]
             for e in env_ids:

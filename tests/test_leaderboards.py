@@ -84,3 +84,12 @@ def test_an_unversioned_env_id_is_rejected_naming_the_fix(submission):
     _edit(submission / "summary.json", unversion)
     with pytest.raises(SubmissionError, match=r"tasks\.myorg/Guess\.version: .*register the env as 'myorg/Guess-v0'"):
         load_submission(submission)
+
+
+def test_the_step_cap_of_each_run_is_shown_beside_its_scores():
+    subs = [load_submission(d) for d in sorted((ROOT / "submissions").iterdir()) if d.is_dir()]
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in render(subs).splitlines()
+            if line.startswith("| ") and " | " in line and not line.startswith("| rank")}
+    capped = next(r for name, r in rows.items() if "llm agent" in name)
+    uncapped = next(r for name, r in rows.items() if name.startswith("oracle baseline (task set 6"))
+    assert capped[4] == "10" and uncapped[4] == "env"
