@@ -150,3 +150,25 @@ def test_every_family_runs_the_kit_on_each_of_its_ids():
         assert name in FAMILIES
         text = open(os.path.join(REPO, path), encoding="utf-8").read()
         assert "check_text_env" in text, f"{path} must run the conformance kit on every {name} id"
+
+
+def test_the_readme_example_env_conforms_and_its_oracle_wins(tmp_path, monkeypatch):
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = readme.split("## Registering your own env", 1)[1]
+    code = next(block for block in section.split("```python\n")[1:] if block.startswith("# my_package/envs.py"))
+    pkg = tmp_path / "my_package"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "envs.py").write_text(code.split("```", 1)[0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from my_package.envs import register  # noqa: PLC0415
+
+    register()
+    try:
+        check_text_env("myorg/MyEnv-v0")
+        env = gym.make("myorg/MyEnv-v0")
+        obs, info = env.reset(seed=3)
+        obs, reward, terminated, _, info = env.step(env.unwrapped.oracle_action())
+        assert terminated and reward == 1.0 and info["success"]
+    finally:
+        del gym.registry["myorg/MyEnv-v0"]
