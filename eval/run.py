@@ -199,6 +199,13 @@ async def run_task(
         if pool is not None:
             pool.close()
         raise TaskSetError(f"{env_id}: cannot create the env: {type(e).__name__}: {e}") from e
+    if getattr(agent, "needs_solver", False) and not made[0].has_solver:
+        for h in made:
+            h.close()
+        if pool is not None:
+            pool.close()
+        raise TaskSetError(f"{env_id} has no solver (no oracle_action), so the {agent.name} agent cannot play it; "
+                           "leave it out of --tasks or use another agent")
     envs: asyncio.Queue = asyncio.Queue()
     for h in made:
         envs.put_nowait(h)

@@ -433,3 +433,23 @@ def test_ctrl_c_stops_cleanly_and_names_the_resume_command(tmp_path):
     assert "Traceback" not in err and "interrupted" in err and "--resume" in err and str(out) in err
     kept = len({json.loads(x)["key"] for x in episodes.read_text().splitlines()})
     assert f"{kept} episode(s) recorded" in err and 3 <= kept < 200
+
+
+def test_the_oracle_on_an_env_without_a_solver_is_refused_before_playing(tmp_path, capsys):
+    import gymnasium as gym
+
+    from crl_envs.core import TextEnv
+    from tests.toy_envs import GuessEnv
+
+    class NoSolverEnv(GuessEnv):
+        oracle_action = TextEnv.oracle_action
+
+    gym.register("test/NoSolver-v0", entry_point=NoSolverEnv, max_episode_steps=5)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            _run(tmp_path, "--agent", "oracle", "--tasks", "test/NoSolver-v0", "--episodes", "2")
+        assert exc.value.code == 2 and "has no solver" in capsys.readouterr().err
+        assert not (tmp_path / "episodes.jsonl").exists() or not (tmp_path / "episodes.jsonl").read_text()
+        assert _run(tmp_path / "r", "--agent", "random", "--tasks", "test/NoSolver-v0", "--episodes", "2") == 0
+    finally:
+        del gym.registry["test/NoSolver-v0"]

@@ -77,9 +77,14 @@ class Policy(abc.ABC):
 
 
 class Agent(abc.ABC):
-    """Makes a policy per episode and learns (or not) from finished episodes."""
+    """Makes a policy per episode and learns (or not) from finished episodes.
+
+    Set ``needs_solver = True`` on an agent that calls ``ctx.oracle``: ``eval.run`` then refuses,
+    before playing, a task whose env has no solver.
+    """
 
     name: str = "agent"
+    needs_solver: bool = False
 
     @abc.abstractmethod
     def make_policy(self, ctx: EpisodeContext) -> Policy:

@@ -26,6 +26,7 @@ class OraclePolicy(Policy):
 
 class OracleAgent(Agent):
     name = "oracle"
+    needs_solver = True
 
     def make_policy(self, ctx: EpisodeContext) -> Policy:
         return OraclePolicy(ctx)
