@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import inspect
 import json
+import os
 import sys
 import time
 import traceback
@@ -394,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--num-workers must be at least 0")
     if args.retry_errored and not args.resume:
         parser.error("--retry-errored needs --resume and the --out of the run to retry")
+    if args.quiet:  # also the model-loading bars of transformers / huggingface_hub
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        if "transformers" in sys.modules:
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
     try:
         asyncio.run(run(args))
     except (TaskSetError, ValueError) as e:
