@@ -12,8 +12,8 @@ or outgrows ``max_worker_rss_mb`` is killed and restarted with its envs re-creat
 * a worker that dies while creating its envs (a constructor that crashes) is not respawned
   in a loop: the next request on it tries once more and fails with the cause.
 
-Requests are written to the pipes by one sender thread per worker, so a large action or a
-full pipe never blocks the event loop (and with it every timeout). Other workers keep
+Requests are written to the pipes without blocking (see :mod:`crl_envs.pool.pipes`), so a
+large action or a full pipe never freezes the event loop (and with it every timeout). Other workers keep
 running. ``close()`` reaps every process and thread, even after crashes.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from crl_envs.pool.pipes import Sender, describe_exit
+from crl_envs.pool.pipes import RequestWriter, describe_exit
 from crl_envs.pool.worker import worker_main
 from crl_envs.registry import check_env_id
 
@@ -84,8 +84,8 @@ class _Call:
 class _Worker:
     index: int
     process: Any = None
-    conn: Any = None
-    sender: Sender | None = None
+    conn: Any = None  # replies from the worker
+    writer: RequestWriter | None = None  # requests to the worker
     pending: dict[int, _Call] = field(default_factory=dict)
     making: asyncio.Task | None = None  # creating its envs
     exit_fd: int | None = None  # a pidfd: readable once the process has exited
@@ -147,14 +147,15 @@ class EnvPool:
 
     def _spawn(self, w: _Worker) -> None:
         """Start a worker and queue the creation of its envs ahead of any other request."""
-        parent, child = _CTX.Pipe(duplex=True)
-        w.process = _CTX.Process(target=worker_main, args=(child, self.max_worker_rss_mb), daemon=True,
+        req_r, req_w = _CTX.Pipe(duplex=False)
+        rep_r, rep_w = _CTX.Pipe(duplex=False)
+        w.process = _CTX.Process(target=worker_main, args=(req_r, rep_w, self.max_worker_rss_mb), daemon=True,
                                  name=f"crl-env-worker-{w.index}")
         w.process.start()
-        child.close()
-        w.conn = parent
-        w.sender = Sender(parent, f"crl-env-sender-{w.index}")
-        self._loop.add_reader(parent.fileno(), self._on_readable, w)
+        req_r.close()
+        rep_w.close()
+        w.conn, w.writer = rep_r, RequestWriter(req_w, self._loop)
+        self._loop.add_reader(rep_r.fileno(), self._on_readable, w)
         # the process's own exit, seen even when a child the env forked keeps the pipe (and the sentinel) open
         try:
             w.exit_fd = os.pidfd_open(w.process.pid)
@@ -181,14 +182,13 @@ class EnvPool:
                 if kind == "exit":
                     self._restart(w, "memory", data)
                     return
-                call = w.pending.get(req_id)
+                call = w.pending.pop(req_id, None)
                 if call is None:
                     continue
-                if kind == "start":
-                    if not call.started.done():
-                        call.started.set_result(None)
-                    continue
-                del w.pending[req_id]
+                for queued in w.pending.values():  # the worker serves in order: the next call starts now
+                    if not queued.started.done():
+                        queued.started.set_result(None)
+                    break
                 if call.done.done():
                     continue
                 if kind == "ok":
@@ -216,7 +216,7 @@ class EnvPool:
         return EnvError(s.env_id, s.seed, slot, cause, detail)
 
     def _stop_worker(self, w: _Worker, graceful: bool) -> None:
-        """Stop ``w``'s process and sender thread and close its pipe (it may be dead already)."""
+        """Stop ``w``'s process and close its pipes (it may be dead already)."""
         try:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(w.conn.fileno())
@@ -227,18 +227,18 @@ class EnvPool:
             os.close(w.exit_fd)
             w.exit_fd = None
         if graceful:
-            w.sender.put(bytes(ForkingPickler.dumps(None)))
+            w.writer.put(bytes(ForkingPickler.dumps(None)))
             w.process.join(timeout=2)
         if w.process.is_alive():
             w.process.kill()
         w.process.join(timeout=5)
-        w.sender.stop()  # its pending write fails now that the worker's end is closed
+        w.writer.close()
         w.conn.close()
         try:
             w.process.close()
         except ValueError:  # still running after SIGKILL (stuck in the kernel): leave it to the OS
             pass
-        w.process = w.conn = w.sender = None
+        w.process = w.conn = w.writer = None
 
     def _restart(self, w: _Worker, cause: str, detail: str) -> None:
         """Kill a dead, hung or bloated worker, fail its episodes, and start a fresh one."""
@@ -296,15 +296,18 @@ class EnvPool:
             raise self._error(slot, "exception", f"the {method} request cannot be sent to the worker: "
                               f"{type(e).__name__}: {e} (actions must be str)") from None
         call = _Call(slot, method, self._loop.create_future(), self._loop.create_future())
+        if not w.pending:  # else it starts when the reply to the call ahead of it arrives
+            call.started.set_result(None)
         w.pending[req_id] = call
-        w.sender.put(buf)
+        w.writer.put(buf)
         return req_id, call
 
     async def _wait(self, w: _Worker, req_id: int, call: _Call, timeout: float,
                     start_timeout: float | None = None) -> Any:
         # Wait for the worker to start the call (every call queued ahead of it has its own timeout),
         # then give it ``timeout`` seconds. A make also bounds the wait for a fresh worker to start.
-        await asyncio.wait((call.started, call.done), timeout=start_timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not call.started.done():
+            await asyncio.wait((call.started, call.done), timeout=start_timeout, return_when=asyncio.FIRST_COMPLETED)
         limit = timeout if call.started.done() or call.done.done() else 0.0
         try:
             return await asyncio.wait_for(asyncio.shield(call.done), limit)

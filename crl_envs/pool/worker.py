@@ -1,9 +1,9 @@
 """The worker process: hosts several envs and answers requests over a pipe.
 
-Requests are pickled ``(req_id, slot, method, args)`` tuples (``None`` asks the worker to
-exit). For each request the worker answers ``(req_id, "start", None)`` when it begins (the
-pool times a call from then on, not from when it was queued behind other slots' calls) and
-then ``(req_id, "ok", pickled result)`` or ``(req_id, "error", (type, message, traceback))``.
+Requests arrive framed on their own pipe (:func:`crl_envs.pool.pipes.read_request`) as
+``(req_id, slot, method, args)`` tuples (``None`` asks the worker to exit), and are served in
+order (so the pool knows a queued call starts when the reply ahead of it arrives). Each is
+answered ``(req_id, "ok", pickled result)`` or ``(req_id, "error", (type, message, traceback))``.
 The result is pickled separately so that a result the pool cannot unpickle fails only its
 own call. ``(-1, "exit", reason)`` announces that the worker recycles itself (memory limit).
 A worker exits by itself when the pool's process dies, even in the middle of a hung call.
@@ -25,6 +25,8 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import gymnasium as gym
+
+from crl_envs.pool.pipes import read_request
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -110,11 +112,12 @@ def _exit_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="crl-env-parent-watch", daemon=True).start()
 
 
-def worker_main(conn: Connection, max_rss_mb: float | None = None) -> None:
+def worker_main(requests: Connection, conn: Connection, max_rss_mb: float | None = None) -> None:
     """Serve requests until the parent closes the pipe or sends ``None``.
 
     Args:
-        conn: this worker's end of the pipe.
+        requests: the pipe requests arrive on.
+        conn: the pipe replies go to.
         max_rss_mb: when set, the worker exits (announcing why) after a request that leaves
             its resident memory above this many MiB, so a leaking env cannot exhaust the machine.
     """
@@ -126,16 +129,12 @@ def worker_main(conn: Connection, max_rss_mb: float | None = None) -> None:
     try:
         while True:
             try:
-                msg = conn.recv()
+                msg = read_request(requests)
             except (EOFError, OSError):
                 break
             if msg is None:
                 break
             req_id, slot, method, args = msg
-            try:
-                conn.send((req_id, "start", None))
-            except (BrokenPipeError, OSError):
-                break
             try:
                 result = host.call(slot, method, args)
             except BaseException as e:  # noqa: BLE001 - the parent reports it as an EnvError
@@ -159,4 +158,5 @@ def worker_main(conn: Connection, max_rss_mb: float | None = None) -> None:
     finally:
         host.close()
         conn.close()
+        requests.close()
         os._exit(0)
