@@ -25,6 +25,7 @@ REQUIRED_RESET_KEYS = ("task", "admissible_actions")
 REQUIRED_STEP_KEYS = ("task", "admissible_actions", "valid_action", "success", "progress")
 HOSTILE_INVALID = ("", "   ", "\n\t\n", "a" * 1_000_000)
 HOSTILE_ANY = (
+    "\ud800 north",  # a lone surrogate: valid or not, the observation must stay valid Unicode
     "xq!! zz[[[",
     "北京 🚀 \u202e\x00 émoji",
     "click[" * 50,
@@ -101,18 +102,28 @@ def _check_admissible(info: dict, where: str) -> None:
         _fail(where, "info['admissible_actions'] must be a list[str] or None")
 
 
-def _check_step(env: gym.Env, action: str) -> tuple:
+def _short(action: object) -> str:
+    text = repr(action[:40] if isinstance(action, str) else action)
+    return text + ("..." if isinstance(action, str) and len(action) > 40 else "")
+
+
+def _check_step(env: gym.Env, action: object) -> tuple:
     try:
         out = env.step(action)
     except Exception as e:  # noqa: BLE001 - the contract says step never raises
-        _fail("step", f"step({action[:40]!r}{'...' if len(action) > 40 else ''}) raised {type(e).__name__}: {e}")
+        _fail("step", f"step({_short(action)}) raised {type(e).__name__}: {e}")
     if not (isinstance(out, tuple) and len(out) == 5):
         _fail("step", "step() must return (obs, reward, terminated, truncated, info)")
     obs, reward, terminated, truncated, info = out
     if not isinstance(obs, str):
         _fail("step", f"observation must be str, got {type(obs).__name__}")
+    try:
+        obs.encode("utf-8")
+    except UnicodeEncodeError:
+        _fail("step", f"after action {_short(action)}: the observation is not valid Unicode (a lone surrogate?); "
+              "agents, tokenizers and JSON logs cannot take it")
     if not env.observation_space.contains(obs):
-        _fail("step", f"after action {action[:40]!r}: observation {obs[:60]!r} (len {len(obs)}) is not in the "
+        _fail("step", f"after action {_short(action)}: observation {obs[:60]!r} (len {len(obs)}) is not in the "
               f"observation space {env.observation_space}: {SPACE_HINT}")
     if not isinstance(reward, (int, float, np.floating)) or isinstance(reward, bool):
         _fail("step", f"reward must be a number, got {type(reward).__name__}")
@@ -232,7 +243,7 @@ def check_text_env(
         for action in HOSTILE_INVALID:
             obs, reward, term, trunc, info = _check_step(env, action)
             if info["valid_action"] or reward != 0:
-                _fail("invalid", f"action {action[:20]!r} (len {len(action)}) must be an invalid move with reward 0")
+                _fail("invalid", f"action {_short(action)[:30]} (len {len(action)}) must be an invalid move with reward 0")
             if not obs.strip():
                 _fail("invalid", "an invalid move must give feedback in the observation")
             if term or trunc:

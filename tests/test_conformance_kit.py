@@ -54,7 +54,7 @@ class _PlainTextEnv:
     """A plain Gymnasium text env (not a TextEnv), as third parties write them."""
 
     @staticmethod
-    def make(space: str = "unicode", progress_type: type = float):
+    def make(space: str = "unicode", progress_type: type = float, echo: bool = False):
         import gymnasium as gym
 
         from crl_envs import UnicodeText
@@ -80,8 +80,8 @@ class _PlainTextEnv:
             def step(self, action):
                 valid = action.strip().isdigit()
                 success = valid and int(action) == self.target
-                return ("Yes." if success else "No, say a number."), float(success), success, False, \
-                    self._info(valid, success)
+                reply = "Yes." if success else f"No, {action!s:.40} is not a number." if echo else "No, say a number."
+                return reply, float(success), success, False, self._info(valid, success)
 
             def render(self):
                 return "Say a number."
@@ -93,6 +93,11 @@ def test_a_plain_gymnasium_env_with_unicode_spaces_and_numpy_progress_conforms()
     import numpy as np
 
     check_text_env(_PlainTextEnv.make(progress_type=np.float32))
+
+
+def test_an_observation_echoing_a_lone_surrogate_fails_as_not_valid_unicode():
+    with pytest.raises(ConformanceError, match=r"\[step\] after action '\\ud800 north'.*not valid Unicode"):
+        check_text_env(_PlainTextEnv.make(echo=True))
 
 
 def test_a_restricted_text_space_fails_naming_the_fix():
