@@ -69,6 +69,9 @@ class TextEnv(gym.Env[str, str]):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
     family: ClassVar[str] = "text"
+    # The longest one step may legitimately take, in seconds, where that can be long (SWE grades a
+    # whole test run inside ``submit``); harnesses keep their hung-step timeouts above it.
+    step_time_limit_s: float | None = None
 
     def __init__(self, render_mode: str | None = None):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:

@@ -187,9 +187,12 @@ async def run_task(
     pool = None
     try:
         if num_workers > 0:
-            probe = gym.make(env_id)
+            probe = gym.make(env_id, **(make_kwargs or {}))
             has_solver = _has_solver(probe)
+            longest = getattr(probe.unwrapped, "step_time_limit_s", None)
             probe.close()
+            if longest:  # e.g. SWE grading inside submit: never kill a worker for a legitimately long step
+                timeout = max(timeout, float(longest) + 30.0)
             pool = make_pool([(env_id, make_kwargs or {})] * n_envs, backend, num_workers=num_workers,
                              timeout=timeout)
             await pool.start()

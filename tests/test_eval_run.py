@@ -11,6 +11,7 @@ import pytest
 import eval.run as run_mod
 from eval.run import main
 from eval.suites import TaskSetError, resolve_tasks
+from tests.toy_envs import GuessEnv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -453,3 +454,29 @@ def test_the_oracle_on_an_env_without_a_solver_is_refused_before_playing(tmp_pat
         assert _run(tmp_path / "r", "--agent", "random", "--tasks", "test/NoSolver-v0", "--episodes", "2") == 0
     finally:
         del gym.registry["test/NoSolver-v0"]
+
+
+class SlowSubmitEnv(GuessEnv):
+    """Its winning step takes 2 s (like SWE grading on submit) and it says so in ``step_time_limit_s``."""
+
+    step_time_limit_s = 3.0
+
+    def _apply(self, action):
+        import time
+
+        if action == str(self.target):
+            time.sleep(2.0)
+        return super()._apply(action)
+
+
+def test_pooled_steps_get_the_time_the_env_declares_beyond_step_timeout(tmp_path):
+    import gymnasium as gym
+
+    gym.register("test/SlowSubmit-v0", entry_point="tests.test_eval_run:SlowSubmitEnv", max_episode_steps=5)
+    try:
+        assert _run(tmp_path, "--agent", "oracle", "--tasks", "test/SlowSubmit-v0", "--episodes", "1",
+                    "--num-workers", "1", "--step-timeout", "1") == 0
+    finally:
+        del gym.registry["test/SlowSubmit-v0"]
+    task = json.loads((tmp_path / "summary.json").read_text())["tasks"]["test/SlowSubmit-v0"]
+    assert task["errored"] == 0 and task["success"] == 1.0

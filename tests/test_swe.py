@@ -247,6 +247,12 @@ def test_never_ending_command_times_out_with_a_message():
     env.close()
 
 
+def test_the_env_declares_how_long_a_submit_step_may_take():
+    env = gym.make("crl/SWE-Mini-v0", command_timeout_s=90, grade_timeout_s=600)
+    assert env.unwrapped.step_time_limit_s >= 600 + 90  # eval.run's pool timeout stays above it
+    env.close()
+
+
 def test_nul_bytes_and_empty_commands_are_invalid_moves():
     env = gym.make("crl/SWE-Mini-v0")
     env.reset(seed=0)

@@ -131,6 +131,8 @@ class SWEEnv(TextEnv):
             raise ValueError(f"unknown limits {sorted(bad)}; known: {sorted(known)}")
         self.limits = Limits(**{"timeout_s": command_timeout_s, **(limits or {})})
         self.grade_timeout_s = float(grade_timeout_s)
+        # submit = take the diff (<= max(60 s, a command)) + grade (<= grade_timeout_s) + cleanup
+        self.step_time_limit_s = self.grade_timeout_s + 2 * max(60.0, self.limits.timeout_s) + 30.0
         self.output_chars = int(output_chars)
         self.python = python
         self._inst: SWEInstance | None = None
