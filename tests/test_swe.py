@@ -287,6 +287,21 @@ def test_swe_bench_runs_real_instance_files_with_repos_dir(insts, tmp_path, monk
     env.close()
 
 
+def test_swe_bench_without_repositories_fails_at_make_and_warns_when_some_are_missing(insts, tmp_path, monkeypatch):
+    path = save_instances([replace(i, repo_path="") for i in insts[:2]], tmp_path / "lite.jsonl")
+    monkeypatch.delenv("SWE_REPOS", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"none of the 2 instances has its repository.*\$SWE_REPOS/"):
+        gym.make("crl/SWE-Bench-v0", instances=str(path), repos_dir=str(tmp_path / "nowhere"))
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    slug = insts[0].repo.replace("/", "__")
+    (partial / slug).symlink_to(bundled_repos_dir() / slug)
+    others = [i for i in insts if i.repo != insts[0].repo][:1]
+    path = save_instances([replace(i, repo_path="") for i in [insts[0], *others]], tmp_path / "mixed.jsonl")
+    with pytest.warns(UserWarning, match=r"1 of 2 instances have no repository on disk"):
+        gym.make("crl/SWE-Bench-v0", instances=str(path), repos_dir=str(partial)).close()
+
+
 def test_default_sandbox_without_bubblewrap_names_the_fix(monkeypatch):
     monkeypatch.setattr(sandbox_mod.shutil, "which", lambda name: None)
     sandbox_mod.bwrap_mode.cache_clear()

@@ -6,6 +6,7 @@ import base64
 import os
 import shutil
 import tempfile
+import warnings
 import weakref
 from dataclasses import fields, replace
 from pathlib import Path
@@ -125,6 +126,8 @@ class SWEEnv(TextEnv):
             bwrap_mode()  # fail now, with the fix named, if bubblewrap cannot run here
         elif self.sandbox_kind not in ("docker", "local"):
             raise ValueError(f"unknown sandbox {self.sandbox_kind!r}; use 'bwrap', 'docker' or 'local'")
+        if self.sandbox_kind != "docker":  # docker images hold their repos; here they must be on disk
+            self._check_repositories()
         known = {f.name for f in fields(Limits)}
         bad = set(limits or {}) - known
         if bad:
@@ -213,6 +216,24 @@ class SWEEnv(TextEnv):
         if self._free_at_open - free_bytes(self._workdir) <= quota:
             return False
         return self._sandbox.workspace_bytes() > quota
+
+    def _check_repositories(self) -> None:
+        """Fail at ``make`` when no instance's repository is on disk; warn when only some are."""
+        missing: dict[str, str] = {}
+        for inst in self.instances:
+            try:
+                find_repo_source(inst, self.repos_dir)
+            except FileNotFoundError as e:
+                missing[inst.instance_id] = str(e)
+        if not missing:
+            return
+        if len(missing) == len(self.instances):
+            raise FileNotFoundError(f"none of the {len(self.instances)} instances has its repository on disk; "
+                                    f"for example: {next(iter(missing.values()))}")
+        repos = sorted({i.repo for i in self.instances if i.instance_id in missing})
+        warnings.warn(f"{len(missing)} of {len(self.instances)} instances have no repository on disk "
+                      f"({', '.join(repos[:5])}{', ...' if len(repos) > 5 else ''}); their episodes fail at reset. "
+                      "Pass instance_ids=... to play only the others.", stacklevel=3)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._steps += 1
