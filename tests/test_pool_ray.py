@@ -48,3 +48,23 @@ def test_ray_backend_matches_in_process_and_contains_faults(ray_cluster):
             assert (await pool.step(0, "right"))[4]["valid_action"]
 
     asyncio.run(main())
+
+
+def test_ray_episodes_on_a_restarted_actor_are_lost_until_reset(ray_cluster):
+    async def main():
+        async with RayEnvPool(["test/Faulty-v0", "test/Guess-v0", "test/Guess-v0"], num_workers=2,
+                              timeout=3.0) as pool:
+            for slot in range(3):
+                await pool.reset(slot, seed=slot)
+            # slots 0 and 2 share actor 0; slot 1 lives on actor 1
+            with pytest.raises(EnvError, match="crash|timeout"):
+                await pool.step(0, "crash")
+            with pytest.raises(EnvError, match=r"restarted .*reset the slot") as err:
+                await pool.step(2, "5")  # its episode died with the actor: never continued on a fresh env
+            assert err.value.slot == 2 and err.value.seed == 2
+            assert (await pool.step(1, "5"))[4]["valid_action"]  # the other actor kept its episode
+            obs, _ = await pool.reset(2, seed=7)
+            assert obs == gym.make("test/Guess-v0").reset(seed=7)[0]
+            assert (await pool.step(2, "5"))[4]["valid_action"]
+
+    asyncio.run(main())

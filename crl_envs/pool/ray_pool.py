@@ -70,6 +70,8 @@ class RayEnvPool:
         self.timeout, self.reset_timeout = timeout, reset_timeout
         self.slots = [(i, kw, gym.spec(i), n % self.num_workers) for n, (i, kw) in enumerate(pairs)]
         self.seeds: list[int | None] = [None] * len(pairs)
+        self.active = [False] * len(pairs)  # an episode is under way on the slot
+        self.lost: list[tuple[str, str] | None] = [None] * len(pairs)  # its actor was restarted mid-episode
         self.actors: list[Any] = [None] * self.num_workers
         self._restarts = 0
         self._closed = False
@@ -98,12 +100,16 @@ class RayEnvPool:
     def _error(self, slot: int, cause: str, detail: str) -> EnvError:
         return EnvError(self.slots[slot][0], self.seeds[slot], slot, cause, detail)
 
-    def _restart(self, w: int) -> None:
+    def _restart(self, w: int, cause: str, detail: str) -> None:
+        """Replace actor ``w``; every episode it hosted is lost until its slot is reset."""
         ray = _ray()
         try:
             ray.kill(self.actors[w], no_restart=True)
         except Exception:  # noqa: BLE001, S110 - it may be dead already
             pass
+        for n, (_, _, _, worker) in enumerate(self.slots):
+            if worker == w and self.active[n]:
+                self.active[n], self.lost[n] = False, (cause, detail)
         self._restarts += 1
         if not self._closed:
             self._spawn(w)
@@ -114,21 +120,30 @@ class RayEnvPool:
             await self.start()
         if self._closed:
             raise self._error(slot, "closed", "the pool was closed")
+        if self.lost[slot] is not None and method not in ("reset", "make"):
+            cause, detail = self.lost[slot]
+            raise self._error(slot, cause, f"the actor hosting this episode was restarted ({detail}); "
+                                           "reset the slot to start a new episode")
         w = self.slots[slot][3]
         actor = self.actors[w]
         try:
-            return await asyncio.wait_for(actor.call.remote(slot, method, args), timeout)
+            result = await asyncio.wait_for(actor.call.remote(slot, method, args), timeout)
         except asyncio.TimeoutError:
+            detail = f"{method} took longer than {timeout:g} s"
             if self.actors[w] is actor:
-                self._restart(w)
-            raise self._error(slot, "timeout", f"{method} took longer than {timeout:g} s") from None
+                self._restart(w, "timeout", detail)
+            raise self._error(slot, "timeout", detail) from None
         except ray.exceptions.RayActorError as e:
+            detail = f"actor died: {str(e).splitlines()[0]}"
             if self.actors[w] is actor:
-                self._restart(w)
-            raise self._error(slot, "crash", f"actor died: {str(e).splitlines()[0]}") from None
+                self._restart(w, "crash", detail)
+            raise self._error(slot, "crash", detail) from None
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if getattr(e, "cause", None) is not None else e
             raise self._error(slot, "exception", f"{type(cause).__name__}: {cause}") from None
+        if method == "reset":
+            self.active[slot], self.lost[slot] = True, None
+        return result
 
     async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
         self.seeds[slot] = seed
