@@ -16,7 +16,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams
+from crl_agent.llm.base import (
+    LLM,
+    Completion,
+    ContextLengthError,
+    LLMError,
+    Message,
+    SamplingParams,
+    check_sampling_params,
+)
 
 BACKENDS = {
     "transformers": "crl_agent.llm.transformers_backend:TransformersLLM",
@@ -40,4 +48,14 @@ def make_llm(backend: str = "transformers", model: str | None = None, **kwargs: 
     return getattr(importlib.import_module(module), cls)(model, **kwargs)
 
 
-__all__ = ["BACKENDS", "LLM", "Completion", "LLMError", "Message", "SamplingParams", "make_llm"]
+__all__ = [
+    "BACKENDS",
+    "LLM",
+    "Completion",
+    "ContextLengthError",
+    "LLMError",
+    "Message",
+    "SamplingParams",
+    "check_sampling_params",
+    "make_llm",
+]

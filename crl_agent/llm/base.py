@@ -12,6 +12,7 @@ see :class:`LLM`.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,8 +71,35 @@ class Completion:
         return int(self.reported_completion_tokens or 0)
 
 
+def check_sampling_params(params: SamplingParams) -> SamplingParams:
+    """Return ``params`` when every field is usable; raise ``ValueError`` naming the bad one.
+
+    Local backends call this before queueing a request, so one bad request fails alone instead
+    of failing (or poisoning with NaNs) the batch it would have joined.
+    """
+    def bad(what: str) -> ValueError:
+        return ValueError(f"SamplingParams.{what}, got {params!r}")
+
+    if isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int) or params.max_tokens < 1:
+        raise bad("max_tokens must be an int >= 1")
+    if not isinstance(params.temperature, (int, float)) or not math.isfinite(params.temperature) \
+            or params.temperature < 0:
+        raise bad("temperature must be a finite number >= 0")
+    if not isinstance(params.top_p, (int, float)) or not 0 < params.top_p <= 1:
+        raise bad("top_p must be in (0, 1]")
+    if not isinstance(params.stop, (tuple, list)) or not all(isinstance(s, str) for s in params.stop):
+        raise bad("stop must be a tuple of strings")
+    if params.seed is not None and (isinstance(params.seed, bool) or not isinstance(params.seed, int)):
+        raise bad("seed must be an int or None")
+    return params
+
+
 class LLMError(RuntimeError):
     """A backend could not produce a completion (after its retries)."""
+
+
+class ContextLengthError(LLMError):
+    """The prompt cannot fit the model's context, even after dropping old turns (the caller's to fix)."""
 
 
 class LLM(abc.ABC):

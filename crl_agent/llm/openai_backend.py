@@ -2,12 +2,26 @@
 
 Works with ``vllm serve``, SGLang, the llama.cpp server, hosted APIs and our own
 ``python -m crl_agent.serve``. Requests go through ``httpx`` with a per-request timeout and
-retries with exponential backoff (plus jitter, honouring ``Retry-After``) on connection errors,
-timeouts, 408/409/429 and 5xx answers. Other 4xx answers fail at once with the server's message.
+retries with exponential backoff (plus jitter, honouring ``Retry-After`` up to ``max_backoff_s``) on
+connection errors, timeouts, connections closed mid-answer, 408/409/429 and 5xx answers. Other
+4xx answers fail at once with an :class:`~crl_agent.llm.base.LLMError` naming the status and the
+server's message.
+
+``timeout`` bounds each whole attempt (connect, send, and reading the full answer), so a server
+that accepts and never answers, or trickles bytes, costs at most ``timeout`` per attempt and
+``(max_retries + 1) * timeout`` plus the backoff delays in all. Answers are read as a stream and
+capped at ``max_response_bytes``; a bigger one fails at once instead of filling memory.
+
+What a 2xx answer must hold: a JSON object with a non-empty ``choices`` list whose first item
+has a ``message`` object; anything else (invalid JSON, no ``choices``, ``choices: []``) is an
+``LLMError`` and is not retried. Optional parts degrade gracefully: ``content: null`` (a refusal
+or tool call) gives ``text == ""``, missing or malformed ``logprobs`` give ``logprobs == []``,
+and missing or malformed ``usage`` give ``prompt_tokens == 0`` and ``completion_tokens == 0``.
 
 The API key is read from the environment (``OPENAI_API_KEY`` by default, or the variable named
 by ``api_key_env``) when the backend is built; it is sent as a bearer token and never logged,
-never put in :meth:`OpenAILLM.config` or ``repr``.
+never put in :meth:`OpenAILLM.config` or ``repr``; a server that echoes it in an error message has
+it replaced by ``***`` before the message reaches an exception or a log record.
 
 Log-probs are requested (``logprobs: true``) and parsed from ``choices[0].logprobs.content``
 when the server returns them. Token ids come back only from servers that return them
@@ -19,9 +33,13 @@ and ``Completion.completion_tokens`` falls back to the server's ``usage``.
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import json
 import logging
+import math
 import os
 import random
+import time
 from typing import Any
 
 from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams
@@ -46,7 +64,7 @@ class OpenAILLM(LLM):
             and takes the first one on the first call).
         base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``.
         api_key_env: the environment variable holding the API key (none needed for local servers).
-        timeout: seconds per HTTP request.
+        timeout: seconds one attempt may take in all (connect, send, read the whole answer).
         max_retries: retries after the first attempt.
         backoff_s: first retry delay; doubles each retry, capped at ``max_backoff_s``.
         max_backoff_s: cap on one retry delay.
@@ -54,6 +72,7 @@ class OpenAILLM(LLM):
         logprobs: request token log-probs (turn off for servers that reject the field).
         return_token_ids: ask for token ids (vLLM's ``return_token_ids``; our server honours it).
         extra_body: extra JSON fields sent with every request (e.g. ``{"top_k": 20}``).
+        max_response_bytes: largest answer body read; a bigger one is an ``LLMError``.
     """
 
     name = "openai"
@@ -72,6 +91,7 @@ class OpenAILLM(LLM):
         logprobs: bool = True,
         return_token_ids: bool = False,
         extra_body: dict[str, Any] | None = None,
+        max_response_bytes: int = 64 * 2**20,
     ):
         self._httpx = _import_httpx()
         self.model = model
@@ -86,6 +106,9 @@ class OpenAILLM(LLM):
         self.logprobs = logprobs
         self.return_token_ids = return_token_ids
         self.extra_body = dict(extra_body or {})
+        self.max_response_bytes = int(max_response_bytes)
+        if self.timeout <= 0 or self.max_retries < 0 or self.max_response_bytes < 1:
+            raise ValueError("need timeout > 0, max_retries >= 0 and max_response_bytes >= 1")
         self._client = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
@@ -119,7 +142,8 @@ class OpenAILLM(LLM):
     async def list_models(self) -> list[str]:
         """Model names the server offers (``GET /v1/models``)."""
         data = await self._request("GET", "/models", None)
-        return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+        items = data.get("data")
+        return [str(m["id"]) for m in items if isinstance(m, dict) and "id" in m] if isinstance(items, list) else []
 
     def config(self) -> dict[str, Any]:
         return {
@@ -163,77 +187,174 @@ class OpenAILLM(LLM):
 
     def _delay(self, attempt: int, retry_after: str | None) -> float:
         delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
-        if retry_after:
-            try:
-                delay = max(delay, min(self.max_backoff_s, float(retry_after)))
-            except ValueError:
-                pass
+        wanted = _retry_after_seconds(retry_after)
+        if wanted is not None:
+            delay = max(delay, min(self.max_backoff_s, wanted))
         return delay
+
+    def _redact(self, text: str) -> str:
+        """``text`` with the API key (should a server echo it) replaced by ``***``."""
+        key = self.__api_key
+        return text.replace(key, "***") if key else text
+
+    async def _attempt(self, client, method: str, path: str, body: dict[str, Any] | None):
+        """One HTTP exchange, reading at most ``max_response_bytes``: ``(status, headers, bytes)``."""
+        async with client.stream(method, path, json=body) as resp:
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_response_bytes:
+                raise _TooBig(int(declared))
+            chunks, size = [], 0
+            async for chunk in resp.aiter_bytes():  # decoded, so a gzip bomb is capped too
+                size += len(chunk)
+                if size > self.max_response_bytes:
+                    raise _TooBig(size)
+                chunks.append(chunk)
+            return resp.status_code, resp.headers, b"".join(chunks), resp.reason_phrase
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         httpx = self._httpx
         client = self._client_for_loop()
         assert self._sem is not None
+        where = f"{method} {self.base_url}{path}"
         last = ""
         for attempt in range(self.max_retries + 1):
             retry_after = None
             try:
                 async with self._sem:
-                    resp = await client.request(method, path, json=body)
-            except (httpx.TimeoutException, httpx.TransportError) as e:
-                last = f"{type(e).__name__} after {self.timeout:g}s timeout" if isinstance(
-                    e, httpx.TimeoutException) else f"{type(e).__name__}: {e}"
+                    async with asyncio.timeout(self.timeout):
+                        status, headers, content, reason = await self._attempt(client, method, path, body)
+            except _TooBig as e:
+                raise LLMError(
+                    f"{where}: the answer is over max_response_bytes={self.max_response_bytes} ({e.size} bytes or "
+                    "more); raise max_response_bytes or lower max_tokens"
+                ) from None
+            except (TimeoutError, httpx.TimeoutException):
+                last = f"Timeout: no complete answer within {self.timeout:g}s"
+            except httpx.TransportError as e:
+                last = self._redact(f"{type(e).__name__}: {e or 'connection failed'}")
             else:
-                if resp.status_code < 300:
-                    try:
-                        return resp.json()
-                    except ValueError as e:
-                        raise LLMError(f"{self.base_url}{path} returned invalid JSON: {resp.text[:200]!r}") from e
-                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
-                if resp.status_code not in _RETRY_STATUS:
-                    raise LLMError(f"{method} {self.base_url}{path} failed with {last}")
-                retry_after = resp.headers.get("retry-after")
+                if status < 300:
+                    return self._json(where, content)
+                last = self._redact(f"HTTP {status}: {_error_message(content, reason)}")
+                if status not in _RETRY_STATUS:
+                    raise LLMError(f"{where} failed with {last}")
+                retry_after = headers.get("retry-after")
             if attempt < self.max_retries:
                 delay = self._delay(attempt, retry_after)
-                log.warning("%s %s%s: %s; retry %d/%d in %.2fs", method, self.base_url, path, last, attempt + 1,
-                            self.max_retries, delay)
+                log.warning("%s: %s; retry %d/%d in %.2fs", where, last, attempt + 1, self.max_retries, delay)
                 await asyncio.sleep(delay)
-        raise LLMError(f"{method} {self.base_url}{path} failed after {self.max_retries + 1} attempts: {last}")
+        raise LLMError(f"{where} failed after {self.max_retries + 1} attempts: {last}")
+
+    def _json(self, where: str, content: bytes) -> dict[str, Any]:
+        try:
+            data = _loads(content)
+        except ValueError:
+            raise LLMError(
+                f"{where} returned invalid JSON: {self._redact(content[:200].decode('utf-8', 'replace'))!r}"
+            ) from None
+        if not isinstance(data, dict):
+            raise LLMError(f"{where} returned JSON that is not an object: {self._redact(str(data)[:200])}")
+        return data
 
     def _parse(self, data: dict[str, Any], model: str) -> Completion:
-        try:
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError) as e:
-            raise LLMError(f"malformed chat completion from {self.base_url}: {str(data)[:200]}") from e
-        lp_items = ((choice.get("logprobs") or {}).get("content")) or []
-        logprobs = [float(t.get("logprob", 0.0)) for t in lp_items]
-        token_ids = [int(t) for t in choice.get("token_ids") or []]
+        choices = data.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            raise LLMError(
+                f"malformed chat completion from {self.base_url} (need choices[0].message): "
+                f"{self._redact(str(data)[:200])}"
+            )
+        content = message.get("content")
+        text = content if isinstance(content, str) else _text_parts(content)
+        logprobs_obj = choice.get("logprobs")
+        lp_items = logprobs_obj.get("content") if isinstance(logprobs_obj, dict) else None
+        lp_items = [t for t in lp_items if isinstance(t, dict)] if isinstance(lp_items, list) else []
+        logprobs = [_number(t.get("logprob"), float) for t in lp_items]
+        if any(lp is None for lp in logprobs):
+            logprobs = []  # a malformed entry makes the whole list unusable for training
+        token_ids = _int_list(choice.get("token_ids")) or []
         if not token_ids and lp_items and all(str(t.get("token", "")).startswith("token_id:") for t in lp_items):
-            token_ids = [int(str(t["token"]).split(":", 1)[1]) for t in lp_items]
+            token_ids = _int_list([str(t["token"]).split(":", 1)[1] for t in lp_items]) or []
         if token_ids and logprobs and len(token_ids) != len(logprobs):
             logprobs = []  # misaligned (e.g. ids include a stop token the log-probs omit): unusable for training
-        usage = data.get("usage") or {}
-        prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        prompt_ids = _int_list(data.get("prompt_token_ids")) or _int_list(choice.get("prompt_token_ids"))
+        prompt_tokens = _number(usage.get("prompt_tokens"), int)
         return Completion(
             text=text,
             token_ids=token_ids,
-            logprobs=logprobs,
-            prompt_token_ids=[int(t) for t in prompt_ids] if prompt_ids else None,
-            prompt_tokens=int(usage.get("prompt_tokens") or (len(prompt_ids) if prompt_ids else 0)),
+            logprobs=logprobs,  # type: ignore[arg-type]
+            prompt_token_ids=prompt_ids or None,
+            prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt_ids or []),
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
             model=str(data.get("model") or model),
-            reported_completion_tokens=usage.get("completion_tokens"),
+            reported_completion_tokens=_number(usage.get("completion_tokens"), int),
         )
 
 
-def _error_message(resp) -> str:
+class _TooBig(Exception):
+    def __init__(self, size: int):
+        super().__init__(size)
+        self.size = size
+
+
+def _loads(content: bytes) -> Any:
     try:
-        err = resp.json().get("error")
+        return json.loads(content)
+    except RecursionError as e:
+        raise ValueError("JSON nested too deeply") from e
+
+
+def _number(value: Any, kind: type) -> Any:
+    """``value`` as a finite ``kind`` (``int`` must be >= 0), or ``None`` when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if kind is int:
+        return int(value) if value >= 0 and value == int(value) else None
+    return float(value)
+
+
+def _int_list(value: Any) -> list[int] | None:
+    """A list of token ids, or ``None`` when ``value`` is not one."""
+    if not isinstance(value, list):
+        return None
+    try:
+        out = [int(v) for v in value if not isinstance(v, bool)]
+    except (TypeError, ValueError):
+        return None
+    return out if len(out) == len(value) and all(v >= 0 for v in out) else None
+
+
+def _text_parts(content: Any) -> str:
+    """The text of ``content`` given as a list of ``{"type": "text", "text": ...}`` parts; ``""`` otherwise."""
+    if not isinstance(content, list):
+        return ""
+    return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (a number or an HTTP date), or ``None``."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _error_message(content: bytes, reason: str) -> str:
+    try:
+        err = _loads(content).get("error")
         if isinstance(err, dict):
             return str(err.get("message", err))[:300]
         if err:
             return str(err)[:300]
     except (ValueError, AttributeError):
         pass
-    return resp.text[:300] or resp.reason_phrase
+    return content[:300].decode("utf-8", "replace") or reason

@@ -12,8 +12,14 @@ include every generated token, also the end-of-turn token and the tokens that sp
 string; ``text`` excludes both.
 
 ``max_tokens`` is capped at half the context. A prompt that does not fit the rest of the
-context (``max_context`` minus ``max_tokens``) loses its oldest non-system messages first; a
-single message that is still too long keeps its tail.
+context (``max_context`` minus ``max_tokens``) loses its oldest non-system messages first (found
+by bisection, so a chat of thousands of turns costs a few renders, not one per turn); a single
+message that is still too long keeps its tail. Only a system message too long for the context
+is an error (:class:`~crl_agent.llm.base.ContextLengthError`).
+
+Bad requests (empty or malformed ``messages``, ``max_tokens < 1``, a NaN temperature...) raise
+``ValueError`` before they are queued, so they never fail the batch they would have joined.
+A ``chat`` cancelled while its batch runs leaves the batch at the next decoding step.
 """
 
 from __future__ import annotations
@@ -24,7 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams
+from crl_agent.llm.base import (
+    LLM,
+    Completion,
+    ContextLengthError,
+    LLMError,
+    Message,
+    SamplingParams,
+    check_sampling_params,
+)
 from crl_agent.llm.batching import RequestBatcher
 from crl_agent.llm.models import resolve_model_path
 
@@ -42,14 +56,24 @@ def _import_torch():
 
 
 def validate_messages(messages: list[Message]) -> list[Message]:
-    """Check the chat shape; raise ``ValueError`` naming the problem."""
+    """Check the chat shape; raise ``ValueError`` naming the problem.
+
+    ``content`` is a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts (joined).
+    """
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in _ROLES:
-            raise ValueError(f"messages[{i}] must be a dict with role in {sorted(_ROLES)} and string content, got {m!r}")
-        out.append({"role": m["role"], "content": m["content"]})
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+        ):
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str) or m.get("role") not in _ROLES:
+            raise ValueError(
+                f"messages[{i}] must be a dict with role in {sorted(_ROLES)} and string content, got {str(m)[:200]}"
+            )
+        out.append({"role": m["role"], "content": content})
     return out
 
 
@@ -59,6 +83,7 @@ class _Request:
     params: SamplingParams
     max_new: int
     seed: int
+    cancelled: bool = False  # set from the event loop when the caller gave up; the decoder drops the row
 
 
 class TransformersLLM(LLM):
@@ -132,14 +157,17 @@ class TransformersLLM(LLM):
         return self._batcher.stats
 
     async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
-        params = params or SamplingParams()
-        if params.max_tokens < 1:
-            raise ValueError("SamplingParams.max_tokens must be at least 1")
+        params = check_sampling_params(params or SamplingParams())
         messages = validate_messages(messages)
         max_new = min(params.max_tokens, max(1, self.max_context // 2))
         prompt_ids = self.fit_prompt(messages, self.max_context - max_new)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        return await self._batcher.submit(_Request(prompt_ids, params, max_new, int(seed)))
+        request = _Request(prompt_ids, params, max_new, int(seed) % 2**64)  # torch seeds are 64-bit
+        try:
+            return await self._batcher.submit(request)
+        except BaseException:
+            request.cancelled = True  # cancelled (or the loop is closing): stop spending compute on it
+            raise
 
     def render(self, messages: list[Message]) -> list[int]:
         """Token ids of the chat template applied to ``messages``, ready for the assistant's turn."""
@@ -154,18 +182,34 @@ class TransformersLLM(LLM):
         too long, its content keeps its last tokens behind a ``[...]`` mark.
 
         Raises:
-            LLMError: when even the system message plus a truncated last message cannot fit.
+            ContextLengthError: when even the system message plus a truncated last message cannot fit.
         """
         ids = self.render(messages)
         if len(ids) <= budget:
             return ids
         system = [m for m in messages[:1] if m["role"] == "system"]
         rest = list(messages[len(system):])
-        while len(ids) > budget and len(rest) > 1:
-            rest.pop(0)
-            if len(rest) > 1 and rest[0]["role"] == "assistant":
-                rest.pop(0)
-            ids = self.render(system + rest)
+
+        def kept(dropped: int) -> list[Message]:
+            # a kept history never opens with an assistant turn (unless it is the last message)
+            if dropped < len(rest) - 1 and rest[dropped]["role"] == "assistant":
+                dropped += 1
+            return rest[dropped:]
+
+        # Fewest dropped turns that fit, by bisection: the rendered length shrinks as turns are dropped.
+        lo, hi = 1, len(rest) - 1
+        best: list[int] | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            cand = self.render(system + kept(mid))
+            if len(cand) <= budget:
+                best, hi = cand, mid - 1
+            else:
+                lo = mid + 1
+        if best is not None:
+            return best
+        rest = rest[-1:]
+        ids = self.render(system + rest)
         if len(ids) <= budget:
             return ids
         last = rest[-1]
@@ -178,7 +222,7 @@ class TransformersLLM(LLM):
             if len(ids) <= budget:
                 return ids
             keep -= max(8, len(ids) - budget)
-        raise LLMError(
+        raise ContextLengthError(
             f"the prompt cannot fit the model's context ({self.max_context} tokens, {budget} left for the prompt "
             "after max_tokens): shorten the system message, lower max_tokens, or raise max_context"
         )
@@ -265,6 +309,8 @@ class TransformersLLM(LLM):
             keep_rows, feed = [], []
             for row, i in enumerate(active):
                 r = reqs[i]
+                if r.cancelled:  # nobody waits for this row any more
+                    continue
                 tok = self._sample(logits[row], r.params, gens[i])
                 gen_ids[i].append(tok)
                 lps[i].append(float(logprobs[row, tok]))
