@@ -13,13 +13,17 @@ saved on :meth:`ExperienceBank.save` / :meth:`ExperienceBank.close`; on open it 
 if its generation equals SQLite's, otherwise it is rebuilt from the stored embeddings. Usage
 stats do not change the vectors and do not bump the generation.
 
-One process opens a bank at a time (an advisory ``flock``); threads may share one bank.
+One process opens a bank at a time (an advisory ``flock`` on ``.lock``, which holds the owner's
+pid; a second opener gets a :class:`BankError` naming it); threads may share one bank. A corrupt
+or unwritable SQLite file, a path that is a file, or a bank written by another embedder is a
+:class:`BankError` that names the fix, and the folder is left untouched. A missing, stale, torn or
+foreign index file is rebuilt from SQLite (with a logged warning).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -31,8 +35,20 @@ from typing import Any
 
 import numpy as np
 
+from crl_agent.experience.bankdir import (
+    BankError,
+    connect,
+    ensure_folder,
+    lock_folder,
+    remove_save_leftovers,
+    sqlite_error,
+    unlock_folder,
+)
 from crl_agent.experience.embedder import Embedder, make_embedder
 from crl_agent.experience.index import VectorIndex
+
+log = logging.getLogger(__name__)
+__all__ = ["BankError", "ExperienceBank", "ExperienceEntry", "TaskView"]
 
 SCHEMA_VERSION = 1
 _COLUMNS = (
@@ -58,10 +74,6 @@ CREATE TABLE IF NOT EXISTS entries(
 CREATE INDEX IF NOT EXISTS entries_task ON entries(task);
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-
-
-class BankError(RuntimeError):
-    """The bank cannot be opened or used as asked."""
 
 
 @dataclass
@@ -131,30 +143,38 @@ class ExperienceBank:
         brute_force_below: int = 2048,
     ):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
         self.embedder = make_embedder(embedder)
         self.dim = self.embedder.dim
         self.ef_search, self.m, self.ef_construction = ef_search, m, ef_construction
         self.brute_force_below = brute_force_below
         self._lock = threading.RLock()
-        self._lockfile = open(self.path / ".lock", "w")  # noqa: SIM115 - held for the bank's lifetime
-        try:
-            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            self._lockfile.close()
-            raise BankError(f"bank {self.path} is open in another process; close it there or use another path") from e
-        self._db = sqlite3.connect(self.path / "bank.sqlite", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
         self._tasks: dict[int, str] = {}
         self._by_task: dict[str, set[int]] = {}
         self.rebuilt_index = False
-        self._check_embedder(reembed)
-        for eid, task in self._db.execute("SELECT id, task FROM entries"):
-            self._remember(eid, task)
         self._saved_generation = -1
-        self._load_or_rebuild_index()
+        self._db: sqlite3.Connection | None = None
+        self._lockfile = None
+        ensure_folder(self.path)
+        self._lockfile = lock_folder(self.path)
+        try:
+            remove_save_leftovers(self.path)
+            db_path = self.path / "bank.sqlite"
+            self._db = connect(db_path)
+            try:
+                self._db.executescript(_SCHEMA)
+                self._check_schema()
+                self._check_embedder(reembed)
+                for eid, task in self._db.execute("SELECT id, task FROM entries"):
+                    self._remember(eid, task)
+            except sqlite3.Error as e:
+                raise sqlite_error(db_path, e) from e
+            self._load_or_rebuild_index()
+        except BaseException:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            unlock_folder(self._lockfile)
+            raise
 
     # ---------------------------------------------------------------- open / save
     def _meta(self, key: str, default: str | None = None) -> str | None:
@@ -175,6 +195,14 @@ class ExperienceBank:
             "ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
         )
 
+    def _check_schema(self) -> None:
+        stored = self._meta("schema_version")
+        if stored is not None and (not stored.isdigit() or int(stored) > SCHEMA_VERSION):
+            raise BankError(
+                f"bank {self.path} has schema version {stored}, newer than this crl-bench's {SCHEMA_VERSION}: "
+                "upgrade crl-bench to open it"
+            )
+
     def _check_embedder(self, reembed: bool) -> None:
         stored = self._meta("embedder")
         mine = json.dumps({"name": self.embedder.name, "dim": self.dim})
@@ -182,14 +210,15 @@ class ExperienceBank:
             with self._tx():
                 self._set_meta("embedder", mine)
                 self._set_meta("schema_version", SCHEMA_VERSION)
-            return
-        if stored == mine:
+            stored = mine
+        bad = self._db.execute("SELECT count(*) FROM entries WHERE length(embedding) != ?", (4 * self.dim,))
+        wrong_size = bad.fetchone()[0]
+        if stored == mine and not wrong_size:
             return
         if not reembed:
-            raise BankError(
-                f"bank {self.path} was written with embedder {stored}, not {mine}: open it with that embedder, "
-                "or pass reembed=True to re-embed every entry"
-            )
+            why = (f"was written with embedder {stored}, not {mine}: open it with that embedder" if stored != mine
+                   else f"has {wrong_size} entries whose stored vectors are not {self.dim}-dimensional")
+            raise BankError(f"bank {self.path} {why}, or pass reembed=True to re-embed every entry")
         rows = self._db.execute("SELECT id, title, content FROM entries").fetchall()
         vecs = self.embedder.embed([f"{t}\n{c}" for _, t, c in rows]) if rows else []
         with self._tx():
@@ -199,17 +228,40 @@ class ExperienceBank:
             self._bump()
 
     def _tx(self) -> _Transaction:
-        return _Transaction(self._db)
+        return _Transaction(self._db, self.path / "bank.sqlite")
 
     def _load_or_rebuild_index(self) -> None:
         gen, count = self.generation, len(self._tasks)
         index = VectorIndex.load(self.path, gen, count, self.dim)
-        if index is not None:
+        if index is not None and self._matches_sqlite(index):
             self._index, self._saved_generation = index, gen
             return
+        if count or index is not None:
+            log.warning("bank %s: the index file is missing, stale or does not match SQLite; rebuilding it "
+                        "from the %d stored vectors", self.path, count)
         self.rebuilt_index = True
         self._index = VectorIndex.build(self.dim, count, self._stored_vectors(), m=self.m,
                                         ef_construction=self.ef_construction)
+
+    def _matches_sqlite(self, index: VectorIndex, sample: int = 32) -> bool:
+        """Spot-check a loaded index against SQLite: evenly spread ids must be there with their stored vectors."""
+        ids = sorted(self._tasks)
+        picked = ids[:: max(1, len(ids) // sample)][:sample] + ids[-1:]
+        if not picked:
+            return True
+        rows = self._sql_vectors(picked)
+        try:
+            got = index.get(picked)
+        except RuntimeError:
+            return False
+        want = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        return bool(np.allclose(got, want, atol=1e-4))
+
+    def _sql_vectors(self, ids: list[int]) -> np.ndarray:
+        """The vectors SQLite stores for ``ids`` (all must exist), as written (not normalised)."""
+        q = f"SELECT id, embedding FROM entries WHERE id IN ({','.join('?' * len(ids))})"
+        blobs = dict(self._db.execute(q, ids).fetchall())
+        return np.stack([np.frombuffer(blobs[i], dtype=np.float32) for i in ids])
 
     def _stored_vectors(self):
         cur = self._db.execute("SELECT id, embedding FROM entries")
@@ -230,12 +282,13 @@ class ExperienceBank:
         if self._db is None:
             return
         with self._lock:
-            self.save()
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            self._db.close()
-            self._db = None
-            fcntl.flock(self._lockfile, fcntl.LOCK_UN)
-            self._lockfile.close()
+            try:
+                self.save()
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:  # a failed save (disk full) still releases the bank; the next open rebuilds the index
+                self._db.close()
+                self._db = None
+                unlock_folder(self._lockfile)
 
     def __enter__(self) -> ExperienceBank:
         return self
@@ -285,8 +338,7 @@ class ExperienceBank:
             self.delete(delete_ids)
             return []
         for task, title, content, _, _ in items:
-            if not (task and title.strip() and content.strip()):
-                raise ValueError("an entry needs a non-empty task, title and content")
+            _check_text(task=task, title=title, content=content)
         vecs = self.embedder.embed([f"{t}\n{c}" for _, t, c, _, _ in items]) if embeddings is None else embeddings
         vecs = np.ascontiguousarray(vecs, dtype=np.float32)
         if vecs.shape != (len(items), self.dim):
@@ -331,20 +383,25 @@ class ExperienceBank:
             raise KeyError(f"no entry {eid} in bank {self.path}")
         title = (title if title is not None else old.title).strip()
         content = (content if content is not None else old.content).strip()
-        if not (title and content):
-            raise ValueError("an entry needs a non-empty title and content")
+        _check_text(title=title, content=content)
         vec = self.embedder.embed([f"{title}\n{content}"])[0].astype(np.float32)
         new_sources = old.sources + [s for s in sources if s not in old.sources]
         with self._lock:
-            with self._tx():
-                cur = self._db.execute(
-                    "UPDATE entries SET title=?, content=?, embedding=?, updated=?, sources=?, origin=? WHERE id=?",
-                    (title, content, vec.tobytes(), time.time(), json.dumps(new_sources), origin or old.origin, eid),
-                )
-                if cur.rowcount != 1:
-                    raise KeyError(f"entry {eid} was deleted concurrently")
-                self._bump()
-                self._index.add(vec[None], [eid])
+            before = self._index.get([eid]) if eid in self._tasks else None
+            try:
+                with self._tx():
+                    cur = self._db.execute(
+                        "UPDATE entries SET title=?, content=?, embedding=?, updated=?, sources=?, origin=? WHERE id=?",
+                        (title, content, vec.tobytes(), time.time(), json.dumps(new_sources), origin or old.origin, eid),
+                    )
+                    if cur.rowcount != 1:
+                        raise KeyError(f"entry {eid} was deleted concurrently")
+                    self._bump()
+                    self._index.add(vec[None], [eid])
+            except BaseException:
+                if before is not None:  # the transaction rolled back (e.g. disk full): so does the index
+                    self._index.add(before, [eid])
+                raise
         return self.get(eid)  # type: ignore[return-value]
 
     def delete(self, ids: Iterable[int]) -> int:
@@ -480,17 +537,44 @@ class ExperienceBank:
         return {"path": str(self.path), "entries": len(self), **self.embedder.config()}
 
 
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any exception."""
+def _check_text(**fields: str) -> None:
+    """Entry fields must be non-empty, valid Unicode (SQLite stores UTF-8: no lone surrogates)."""
+    for name, value in fields.items():
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"an entry needs a non-empty {name} string, got {str(value)[:40]!r}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"entry {name} is not valid Unicode (a lone surrogate at position {e.start}); clean it first, "
+                "e.g. text.encode('utf-8', 'replace').decode()"
+            ) from None
 
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any exception; SQLite failures become BankError."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path):
+        self.db, self.path = db, path
 
     def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise sqlite_error(self.path, e) from e
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc_type is not None:
+            self.db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise sqlite_error(self.path, exc) from exc
+            return
+        try:
+            self.db.execute("COMMIT")
+        except sqlite3.Error as e:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise sqlite_error(self.path, e) from e
 
 
 class TaskView:

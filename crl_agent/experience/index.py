@@ -3,14 +3,16 @@
 A folder holds ``index-<generation>.hnsw`` and ``index.json`` (``generation``, ``dim``, ``count``).
 :meth:`VectorIndex.save` writes the index file, then the JSON, each through a temporary file,
 ``fsync`` and an atomic rename, so the JSON never names a torn file. :meth:`VectorIndex.load`
-returns ``None`` unless the saved generation and count match what the caller (SQLite) says;
-the caller then rebuilds from its stored vectors.
+returns ``None`` unless the saved generation and count match what the caller (SQLite) says and
+the file's header has the caller's dimension (hnswlib itself would read a file of another
+dimension without complaint, and return garbage); the caller then rebuilds from its stored vectors.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,6 +27,23 @@ def _hnswlib():
     except ImportError as e:
         raise ImportError('the experience bank needs hnswlib: pip install "crl-bench[agent]"') from e
     return hnswlib
+
+
+def _header_fits(path: Path, dim: int, count: int) -> bool:
+    """Whether an hnswlib file's header describes ``dim``-float vectors and at least ``count`` elements.
+
+    The header starts with six little-endian ``size_t``: level-0 offset, capacity, element count,
+    bytes per element, label offset and data offset; label offset minus data offset is the vector size.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(48)
+    except OSError:
+        return False
+    if len(head) < 48:
+        return False
+    _, capacity, elements, _, label_offset, data_offset = struct.unpack("<6Q", head)
+    return label_offset - data_offset == 4 * dim and count <= elements <= capacity
 
 
 def _fsync_dir(path: Path) -> None:
@@ -57,14 +76,18 @@ class VectorIndex:
         except (OSError, ValueError):
             return None
         path = folder / f"index-{generation}.hnsw"
-        if (meta.get("generation"), meta.get("dim"), meta.get("count")) != (generation, dim, count) or not path.exists():
+        if not isinstance(meta, dict) or (meta.get("generation"), meta.get("dim"), meta.get("count")) != (
+            generation, dim, count
+        ):
+            return None
+        if not _header_fits(path, dim, count):
             return None
         self = cls.__new__(cls)
         self.dim = dim
         self._h = _hnswlib().Index(space="cosine", dim=dim)
         try:
             self._h.load_index(str(path), max_elements=max(MIN_CAPACITY, 2 * count))
-        except RuntimeError:
+        except (RuntimeError, MemoryError, ValueError):
             return None
         return self
 
