@@ -15,6 +15,14 @@ It is built on the standard library (``http.server.ThreadingHTTPServer``) rather
 framework: it needs no extra dependency, and one thread per connection handing requests to a
 single asyncio loop is all a backend needs, since the backend itself batches concurrent requests.
 With ``--port 0`` it picks a free port; the first stdout line says where it listens.
+
+Every bad request gets a 4xx answer in OpenAI's error shape (``{"error": {"message", "type",
+"code"}}``) and the server keeps serving: invalid JSON or UTF-8, a body that is not an object,
+missing or malformed ``messages``, sampling fields of the wrong type or range, an unknown model
+(404), a body over 32 MiB (413), a chunked body (411), a system prompt too long for the context
+(400, ``context_length_exceeded``; longer chats lose their oldest turns instead). A client that
+stalls mid-request is dropped after ``--io-timeout`` seconds; a client that disconnects while its
+completion runs has the completion cancelled.
 """
 
 from __future__ import annotations
@@ -23,18 +31,23 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
+import select
+import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from crl_agent.llm import BACKENDS, LLM, LLMError, SamplingParams, make_llm
+from crl_agent.llm import BACKENDS, LLM, ContextLengthError, LLMError, SamplingParams, make_llm
 
 log = logging.getLogger("crl_agent.serve")
 MAX_BODY_BYTES = 32 * 2**20
+MAX_STOP_STRINGS = 16
 
 
 class HTTPError(Exception):
@@ -43,27 +56,50 @@ class HTTPError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
+def _field(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    """``body[name]`` as ``kind`` (JSON ``null`` or absent: ``default``); raise :class:`HTTPError` otherwise."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok:
+        what = "an integer" if kind is int else "a finite number"
+        raise HTTPError(400, f"bad sampling parameter: {name} must be {what}, got {value!r}")
+    return kind(value)
+
+
 def sampling_params_from_request(body: dict[str, Any]) -> SamplingParams:
     """Validate an OpenAI chat request's sampling fields; raise :class:`HTTPError` (400) on bad ones."""
     if body.get("stream"):
         raise HTTPError(400, "stream=true is not supported by this server")
-    if body.get("n") not in (None, 1):
-        raise HTTPError(400, "only n=1 is supported")
+    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
+        raise HTTPError(400, f"only n=1 is supported, got n={body.get('n')!r}")
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
     if not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
         raise HTTPError(400, "stop must be a string or a list of strings")
-    try:
-        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 256)
-        temperature = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
-        top_p = float(body.get("top_p", 1.0) if body.get("top_p") is not None else 1.0)
-        seed = None if body.get("seed") is None else int(body["seed"])
-    except (TypeError, ValueError) as e:
-        raise HTTPError(400, f"bad sampling parameter: {e}") from e
-    if max_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
-        raise HTTPError(400, "need max_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise HTTPError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _field(body, name, int, 256)
+    temperature = _field(body, "temperature", float, 1.0)
+    top_p = _field(body, "top_p", float, 1.0)
+    seed = _field(body, "seed", int, None)
+    if max_tokens < 1:
+        raise HTTPError(400, f"{name} must be at least 1, got {max_tokens}")
+    if temperature < 0:
+        raise HTTPError(400, f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise HTTPError(400, f"top_p must be in (0, 1], got {top_p}")
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=tuple(stop), seed=seed)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its completion was ready."""
 
 
 class ChatServer:
@@ -76,6 +112,8 @@ class ChatServer:
         model_name: the name ``/v1/models`` reports (default: the backend's ``config()["model"]``).
         api_key_env: when set, requests must carry ``Authorization: Bearer $<api_key_env>``.
         request_timeout: seconds one completion may take before the server answers 504.
+        io_timeout: seconds a connection may stall while sending its request (or idle between
+            requests) before the server drops it.
     """
 
     def __init__(
@@ -86,6 +124,7 @@ class ChatServer:
         model_name: str | None = None,
         api_key_env: str | None = None,
         request_timeout: float = 600.0,
+        io_timeout: float = 60.0,
     ):
         self.llm = llm
         self.model_name = model_name or str(llm.config().get("model") or llm.name)
@@ -94,6 +133,7 @@ class ChatServer:
             raise ValueError(f"--api-key-env {api_key_env} is set but ${api_key_env} is empty")
         self._api_key = key
         self.request_timeout = request_timeout
+        self.io_timeout = io_timeout
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="serve-loop", daemon=True)
         self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
@@ -128,8 +168,14 @@ class ChatServer:
         self.close()
 
     # ---------------------------------------------------------------- handling
-    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Answer one chat-completions request body (runs in a connection thread)."""
+    def complete(self, body: dict[str, Any], client_gone: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Answer one chat-completions request body (runs in a connection thread).
+
+        Args:
+            body: the parsed JSON request.
+            client_gone: polled while the completion runs; when it returns True the completion is
+                cancelled and :class:`ClientGone` raised.
+        """
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise HTTPError(400, "messages must be a non-empty list")
@@ -138,15 +184,24 @@ class ChatServer:
                             "model_not_found")
         params = sampling_params_from_request(body)
         fut = asyncio.run_coroutine_threadsafe(self.llm.chat(messages, params), self.loop)
-        try:
-            c = fut.result(timeout=self.request_timeout)
-        except FutureTimeout as e:
-            fut.cancel()
-            raise HTTPError(504, f"completion took longer than {self.request_timeout:g}s", "timeout") from e
-        except ValueError as e:
-            raise HTTPError(400, str(e)) from e
-        except LLMError as e:
-            raise HTTPError(500, str(e), "server_error") from e
+        deadline = time.monotonic() + self.request_timeout
+        while True:
+            try:
+                c = fut.result(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
+                break
+            except FutureTimeout as e:
+                if time.monotonic() >= deadline:
+                    fut.cancel()
+                    raise HTTPError(504, f"completion took longer than {self.request_timeout:g}s", "timeout") from e
+                if client_gone is not None and client_gone():
+                    fut.cancel()
+                    raise ClientGone() from e
+            except ContextLengthError as e:
+                raise HTTPError(400, str(e), "context_length_exceeded") from e
+            except ValueError as e:
+                raise HTTPError(400, str(e)) from e
+            except LLMError as e:
+                raise HTTPError(500, str(e), "server_error") from e
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": c.text},
@@ -184,17 +239,31 @@ class ChatServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = server.io_timeout  # a stalled or idle connection is dropped, never holds a thread forever
 
             def log_message(self, fmt: str, *args: Any) -> None:  # request line only, never headers
                 log.info("%s %s", self.address_string(), fmt % args)
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    if self.close_connection:
+                        self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client left; nothing to tell it
+                    self.close_connection = True
+
+            def _client_gone(self) -> bool:
+                """True when the client closed its side (EOF or reset) while we compute."""
+                try:
+                    readable, _, _ = select.select([self.connection], [], [], 0)
+                    return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+                except (OSError, ValueError):
+                    return True
 
             def _error(self, e: HTTPError) -> None:
                 self._send(e.status, {"error": {"message": e.message, "type": e.kind, "code": e.status}})
@@ -218,26 +287,47 @@ class ChatServer:
                 else:
                     self._error(HTTPError(404, f"no route {self.path}", "not_found"))
 
+            def _read_body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    raise HTTPError(411, "chunked request bodies are not supported; send Content-Length")
+                declared = (self.headers.get("Content-Length") or "0").strip()
+                if not declared.isdigit():
+                    raise HTTPError(400, f"bad Content-Length header {declared[:40]!r}")
+                length = int(declared)
+                if length > MAX_BODY_BYTES:
+                    raise HTTPError(413, f"request body over {MAX_BODY_BYTES} bytes")
+                raw = self.rfile.read(length) if length else b""
+                if len(raw) < length:
+                    raise HTTPError(400, f"request body ended after {len(raw)} of {length} bytes")
+                return raw
+
             def do_POST(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0].rstrip("/")
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY_BYTES:
+                try:
+                    raw = self._read_body()
+                except HTTPError as e:  # the body was not read in full: the connection cannot be reused
                     self.close_connection = True
-                    self._error(HTTPError(413, f"request body over {MAX_BODY_BYTES} bytes"))
+                    self._error(e)
                     return
-                raw = self.rfile.read(length) if length else b""
+                except OSError:  # the client stalled past io_timeout or left mid-body
+                    self.close_connection = True
+                    return
                 if path != "/v1/chat/completions":
                     self._error(HTTPError(404, f"no route {self.path}; use /v1/chat/completions", "not_found"))
                     return
                 if not self._authorised():
                     return
                 try:
-                    body = json.loads(raw or b"null")
+                    try:
+                        body = json.loads(raw or b"null")
+                    except (ValueError, RecursionError) as e:  # JSON, UTF-8 or nesting-depth errors
+                        raise HTTPError(400, f"invalid JSON body: {str(e)[:200]}") from e
                     if not isinstance(body, dict):
                         raise HTTPError(400, "the request body must be a JSON object")
-                    self._send(200, server.complete(body))
-                except json.JSONDecodeError as e:
-                    self._error(HTTPError(400, f"invalid JSON: {e}"))
+                    self._send(200, server.complete(body, self._client_gone))
+                except ClientGone:
+                    log.info("%s left before its completion was ready; cancelled it", self.address_string())
+                    self.close_connection = True
                 except HTTPError as e:
                     self._error(e)
                 except Exception as e:  # noqa: BLE001 - answer 500 rather than drop the connection
@@ -258,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="transformers: cpu, cuda or auto")
     p.add_argument("--max-batch-size", type=int, default=None)
     p.add_argument("--num-threads", type=int, default=None, help="transformers: torch CPU threads")
+    p.add_argument("--io-timeout", type=float, default=60.0, help="drop a connection stalled this many seconds")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="answer 504 after this many seconds")
     p.add_argument("--quiet", action="store_true", help="no access log")
     return p
 
@@ -272,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.backend == "vllm" and args.max_batch_size:
         kwargs["max_batch_size"] = args.max_batch_size
     llm = make_llm(args.backend, args.model, **kwargs)
-    server = ChatServer(llm, args.host, args.port, args.served_model_name, args.api_key_env).start()
+    server = ChatServer(llm, args.host, args.port, args.served_model_name, args.api_key_env,
+                        request_timeout=args.request_timeout, io_timeout=args.io_timeout).start()
     print(f"serving {server.model_name} on {server.url}", flush=True)
     try:
         threading.Event().wait()
