@@ -46,6 +46,10 @@ class CallLog:
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, ensure_ascii=False, default=str)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates (e.g. from a server's JSON): escaped, still valid JSON
+            line = json.dumps(record, ensure_ascii=True, default=str)
         with self._lock:
             if self._file is not None:
                 self._file.write(line + "\n")

@@ -12,6 +12,10 @@ they return what they could use and a list of errors (malformed JSON, unknown op
 that was not shown), so a small or untrained extractor cannot crash the manager or corrupt the
 bank. JSON is found in fenced blocks, bare text or after a ``<think>`` section, and repaired
 for trailing commas, smart quotes and Python literals.
+
+Hostile output is bounded: only the first ``MAX_REPLY_CHARS`` of a reply are read, at most
+``MAX_OPS`` operations are used, and titles and contents are clipped and cleaned of control
+characters, NULs and lone surrogates (which SQLite cannot store).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from crl_agent.llm.base import Message
 MAX_OPS = 3
 MAX_TITLE_CHARS = 120
 MAX_CONTENT_CHARS = 800
+MAX_REPLY_CHARS = 1_000_000
+MAX_GOAL_CHARS = 1000
 
 
 @dataclass
@@ -127,9 +133,29 @@ Answer its question in at most 3 short sentences, using only the lessons that ap
 If none apply, say so in one sentence."""
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` as storable, printable Unicode: lone surrogates become U+FFFD, control characters go."""
+    text = str(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return _CONTROL.sub("", text)
+
+
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
+    text = " ".join(clean_text(str(text)[: 20 * limit + 1000]).split())  # bounded work on huge strings
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _bounded(text: str, errors: list[str]) -> str:
+    if len(text) > MAX_REPLY_CHARS:
+        errors.append(f"reply of {len(text)} characters: only the first {MAX_REPLY_CHARS} were read")
+        return text[:MAX_REPLY_CHARS]
+    return text
 
 
 def format_entries(entries: list[ExperienceEntry]) -> str:
@@ -162,7 +188,7 @@ def format_trajectory(traj: Trajectory, max_chars: int = 8000, obs_chars: int = 
 def _distil_user(traj: Trajectory, max_chars: int) -> str:
     outcome = "SUCCESS" if traj.success else "FAILURE"
     return (
-        f"Task: {traj.task}\nGoal: {traj.goal}\n"
+        f"Task: {traj.task}\nGoal: {_clip(traj.goal, MAX_GOAL_CHARS)}\n"
         f"Outcome: {outcome} (progress {traj.progress:.2f}, {len(traj.steps)} actions)\n\n"
         f"Entries the agent was given:\n{format_entries(traj.retrieved)}\n\n"
         f"Trajectory:\n{format_trajectory(traj, max_chars)}\n\n"
@@ -270,15 +296,16 @@ def parse_distil(text: str, valid_ids: set[int]) -> tuple[list[DistilOp], list[s
         valid_ids: ids of the entries shown in the prompt (the only legal update targets).
     """
     errors: list[str] = []
+    text = _bounded(text, errors)
     try:
         ops_raw = _op_list(extract_json(text))
     except ValueError as e:
-        rules = if_then_rules(text)[:MAX_OPS]
+        rules = if_then_rules(text[:100_000])[:MAX_OPS]
         if rules:  # prose that states rules in the entry format: keep them, still counted as malformed
-            return [DistilOp("add", r) for r in rules], [f"malformed: {e}; kept {len(rules)} if-then sentences"]
-        return [], [f"malformed: {e}"]
+            return [DistilOp("add", r) for r in rules], [*errors, f"malformed: {e}; kept {len(rules)} if-then sentences"]
+        return [], [*errors, f"malformed: {e}"]
     if ops_raw is None:
-        return [], ["malformed: JSON is neither an object nor a list of operations"]
+        return [], [*errors, "malformed: JSON is neither an object nor a list of operations"]
     if len(ops_raw) > MAX_OPS:
         errors.append(f"{len(ops_raw)} operations: only the first {MAX_OPS} are used")
         ops_raw = ops_raw[:MAX_OPS]
@@ -319,10 +346,11 @@ def parse_distil(text: str, valid_ids: set[int]) -> tuple[list[DistilOp], list[s
 
 def parse_merge(text: str, cluster_ids: list[int]) -> tuple[MergeDecision, list[str]]:
     """A merge decision; unusable output becomes ``KEEP`` with errors (the cluster is left alone)."""
+    clipped: list[str] = []
     try:
-        value = extract_json(text)
+        value = extract_json(_bounded(text, clipped))
     except ValueError as e:
-        return MergeDecision("KEEP"), [f"malformed: {e}"]
+        return MergeDecision("KEEP"), [*clipped, f"malformed: {e}"]
     if isinstance(value, list) and value and isinstance(value[0], dict):
         value = value[0]
     if not isinstance(value, dict):
@@ -361,7 +389,7 @@ def parse_merge(text: str, cluster_ids: list[int]) -> tuple[MergeDecision, list[
 
 def parse_answer(text: str, max_chars: int = 600) -> str:
     """The answer text without thinking, fences or ``<answer>`` tags, clipped (may be empty)."""
-    text = strip_thinking(text)
+    text = strip_thinking(text[:MAX_REPLY_CHARS])
     m = re.search(r"<answer>(.*?)(?:</answer>|$)", text, re.S | re.I)
     if m:
         text = m.group(1)

@@ -340,7 +340,12 @@ class ExperienceManager:
                     e = self.bank.add(traj.task, op.entry.title, op.entry.content, [traj.id], origin=call_id)
                     self.stats["adds"] += 1
                 else:
-                    alive = [i for i in op.target_ids if i in self.bank]
+                    current = self.bank.get_many(op.target_ids)
+                    foreign = [e.id for e in current if e.task != traj.task]
+                    if foreign:  # a trajectory rewrites its own task's lessons only
+                        errors.append(f"update: targets {foreign} belong to another task than {traj.task!r}")
+                        continue
+                    alive = [e.id for e in current]
                     if not alive:
                         errors.append(f"update: targets {op.target_ids} no longer exist")
                         continue
@@ -372,7 +377,12 @@ class ExperienceManager:
                         self.config.merge_neighbours, self.config.merge_max_cluster,
                     )
                 for cluster in clusters:
-                    kind = await self._merge_cluster(t, cluster)
+                    try:
+                        kind = await self._merge_cluster(t, cluster)
+                    except Exception as err:  # noqa: BLE001 - one unusable decision never stops the other clusters
+                        self.stats["malformed"] += 1
+                        log.warning("merge of entries %s failed and was skipped: %s", [c.id for c in cluster], err)
+                        kind = "ERROR"
                     counts[kind] = counts.get(kind, 0) + 1
                 self._merged_at[t] = started
         return counts
