@@ -168,7 +168,6 @@ class CRLAgent(LLMAgent):
     ):
         if experience not in ("on", "off"):
             raise ValueError(f"experience must be 'on' or 'off', got {experience!r}")
-        super().__init__(seed=seed, model=model, backend=backend, max_tool_calls=max_tool_calls, llm=llm, **kwargs)
         self.experience, self.k, self.sync_experience = experience, int(k), bool(sync_experience)
         self.extractor_model, self.embedder_spec = extractor_model, embedder
         self.bank: ExperienceBank | None = None
@@ -178,16 +177,38 @@ class CRLAgent(LLMAgent):
         self._temp_bank: str | None = None
         self._policies: dict[int, tuple[EpisodeContext, CRLPolicy]] = {}
         self._final: dict[str, Any] = {}
-        if experience == "off":
-            self.bank_path = None
-            return
-        if bank is not None:
-            self.bank_path = Path(bank)
-        elif run_dir is not None:
-            self.bank_path = Path(run_dir) / "experience_bank"
-        else:
-            self._temp_bank = tempfile.mkdtemp(prefix="crl-bank-")
-            self.bank_path = Path(self._temp_bank)
+        self.bank_path: Path | None = None
+        if experience == "on":
+            if bank is not None:
+                self.bank_path = Path(bank)
+            elif run_dir is not None:
+                self.bank_path = Path(run_dir) / "experience_bank"
+            else:
+                self._temp_bank = tempfile.mkdtemp(prefix="crl-bank-")
+                self.bank_path = Path(self._temp_bank)
+            # Opened before any model loads: a bank that is locked by another run or corrupt fails in seconds.
+            self.bank = ExperienceBank(self.bank_path, embedder=embedder)
+        try:
+            super().__init__(seed=seed, model=model, backend=backend, max_tool_calls=max_tool_calls, llm=llm, **kwargs)
+            if self.bank is not None:
+                self._start_experience(extractor, extractor_model, extractor_backend, backend, kwargs, manager, seed,
+                                       run_dir)
+        except BaseException:
+            self._release_bank()
+            raise
+
+    def _start_experience(
+        self,
+        extractor: LLM | None,
+        extractor_model: str | None,
+        extractor_backend: str | None,
+        backend: str,
+        kwargs: dict[str, Any],
+        manager: dict[str, Any] | None,
+        seed: int,
+        run_dir: str | None,
+    ) -> None:
+        assert self.bank is not None and self.bank_path is not None
         if extractor is not None:
             self.extractor = extractor
         elif extractor_model is not None:
@@ -197,7 +218,6 @@ class CRLAgent(LLMAgent):
             self._owns_extractor = True
         else:
             self.extractor = self.llm  # one loaded model plays both roles
-        self.bank = ExperienceBank(self.bank_path, embedder=embedder)
         cfg = dict(manager or {})
         if isinstance(cfg.get("diversity"), dict):
             cfg["diversity"] = DiversityConfig(**cfg["diversity"])
@@ -205,6 +225,12 @@ class CRLAgent(LLMAgent):
         self.manager = ExperienceManager(
             self.bank, self.extractor, ManagerConfig(k=self.k, seed=seed, **cfg), log_path=log_dir / "extractor_calls.jsonl"
         )
+
+    def _release_bank(self) -> None:
+        if self.bank is not None and self.bank._db is not None:
+            self.bank.close()
+        if self._temp_bank is not None:
+            shutil.rmtree(self._temp_bank, ignore_errors=True)
 
     def make_policy(self, ctx: EpisodeContext) -> CRLPolicy:
         policy = super().make_policy(ctx)
@@ -259,10 +285,8 @@ class CRLAgent(LLMAgent):
                 await self.manager.aclose()
             if self.bank is not None and self.bank._db is not None:
                 self._final = {"bank_entries": len(self.bank), "bank_tasks": self.bank.tasks()}
-                self.bank.close()
             if self._owns_extractor and self.extractor is not None:
                 await self.extractor.aclose()
         finally:
+            self._release_bank()  # saved and unlocked even if a distillation or the extractor failed
             await super().aclose()
-            if self._temp_bank is not None:
-                shutil.rmtree(self._temp_bank, ignore_errors=True)
