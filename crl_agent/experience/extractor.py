@@ -32,7 +32,7 @@ from crl_agent.llm.base import Message
 MAX_OPS = 3
 MAX_TITLE_CHARS = 120
 MAX_CONTENT_CHARS = 800
-MAX_REPLY_CHARS = 1_000_000
+MAX_REPLY_CHARS = 4_000_000
 MAX_GOAL_CHARS = 1000
 
 
@@ -134,16 +134,12 @@ If none apply, say so in one sentence."""
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def clean_text(text: str) -> str:
     """``text`` as storable, printable Unicode: lone surrogates become U+FFFD, control characters go."""
-    text = str(text)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return _CONTROL.sub("", text)
+    return _CONTROL.sub("", _SURROGATE.sub("\ufffd", str(text)))
 
 
 def _clip(text: str, limit: int) -> str:
@@ -275,7 +271,7 @@ def _op_list(value: Any) -> list | None:
     return None
 
 
-_IF_THEN = re.compile(r"\b(If\b[^.!?\n]{3,300}?,?\s+then\b[^.!?\n]{3,300}[.!?]?)", re.I)
+_IF_THEN = re.compile(r"\b(If\b[^.!?\n{}\[\]]{3,300}?,?\s+then\b[^.!?\n{}\[\]]{3,300}[.!?]?)", re.I)
 
 
 def if_then_rules(text: str) -> list[EntryDraft]:
