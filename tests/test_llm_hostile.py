@@ -286,7 +286,7 @@ def test_api_key_in_no_exception_log_config_or_repr(hostile, monkeypatch, caplog
     with pytest.raises(LLMError) as info:
         run(llm.chat(CHAT))
     assert len(srv.requests) == 4 and caplog.records
-    texts = [str(info.value), repr(info.value), caplog.text, json.dumps(llm.config()), repr(llm)]
+    texts = [str(info.value), repr(info.value), caplog.text, json.dumps(llm.config()), repr(llm), repr(vars(llm))]
     texts += [r.getMessage() + repr(r.args) + str(r.exc_info) for r in caplog.records]
     assert not [t for t in texts if SECRET in t]
     assert "bad key ***" in str(info.value)

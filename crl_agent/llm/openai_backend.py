@@ -97,7 +97,7 @@ class OpenAILLM(LLM):
         self.model = model
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
-        self.__api_key = os.environ.get(api_key_env) or None
+        self.__api_key = _Secret(os.environ.get(api_key_env) or "")
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
@@ -176,7 +176,8 @@ class OpenAILLM(LLM):
     def _client_for_loop(self):
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            headers = {"Authorization": f"Bearer {self.__api_key}"} if self.__api_key else {}
+            key = self.__api_key.value
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
             limits = self._httpx.Limits(max_connections=self.max_concurrency)
             self._client = self._httpx.AsyncClient(
                 base_url=self.base_url, headers=headers, timeout=self.timeout, limits=limits
@@ -194,7 +195,7 @@ class OpenAILLM(LLM):
 
     def _redact(self, text: str) -> str:
         """``text`` with the API key (should a server echo it) replaced by ``***``."""
-        key = self.__api_key
+        key = self.__api_key.value
         return text.replace(key, "***") if key else text
 
     async def _attempt(self, client, method: str, path: str, body: dict[str, Any] | None):
@@ -220,15 +221,16 @@ class OpenAILLM(LLM):
         for attempt in range(self.max_retries + 1):
             retry_after = None
             try:
-                async with self._sem:
-                    async with asyncio.timeout(self.timeout):
-                        status, headers, content, reason = await self._attempt(client, method, path, body)
+                async with self._sem:  # wait_for, not asyncio.timeout: Python 3.10 is supported
+                    status, headers, content, reason = await asyncio.wait_for(
+                        self._attempt(client, method, path, body), self.timeout
+                    )
             except _TooBig as e:
                 raise LLMError(
                     f"{where}: the answer is over max_response_bytes={self.max_response_bytes} ({e.size} bytes or "
                     "more); raise max_response_bytes or lower max_tokens"
                 ) from None
-            except (TimeoutError, httpx.TimeoutException):
+            except (asyncio.TimeoutError, httpx.TimeoutException):
                 last = f"Timeout: no complete answer within {self.timeout:g}s"
             except httpx.TransportError as e:
                 last = self._redact(f"{type(e).__name__}: {e or 'connection failed'}")
@@ -291,6 +293,18 @@ class OpenAILLM(LLM):
             model=str(data.get("model") or model),
             reported_completion_tokens=_number(usage.get("completion_tokens"), int),
         )
+
+
+class _Secret:
+    """Holds the API key so that ``vars(llm)`` and ``repr`` of the backend show ``***``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "***"
 
 
 class _TooBig(Exception):
