@@ -482,3 +482,14 @@ def test_a_failing_merge_cluster_is_skipped_and_the_others_still_merge(tmp_path,
     assert counts == {"ERROR": 1, "MERGE": 1}
     assert sorted(len(bank.ids(t)) for t in (TASK, OTHER)) == [1, 3] and bank.check_consistency() == []
     bank.close()
+
+
+def test_a_call_log_torn_by_a_kill_keeps_the_next_runs_first_record(tmp_path):
+    from crl_agent.experience.calllog import CallLog, read_records
+
+    path = tmp_path / "calls.jsonl"
+    path.write_text('{"type": "call", "call_id": "a-1"}\n{"type": "call", "call_id": "a-2", "te')  # killed mid-line
+    log = CallLog(path)
+    log.write({"type": "call", "call_id": "b-1"})
+    log.close()
+    assert [r["call_id"] for r in read_records(path)] == ["a-1", "b-1"]

@@ -42,7 +42,23 @@ class CallLog:
         self.memory: list[dict[str, Any]] = []
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            torn = self._ends_torn(self.path)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            if torn:  # a killed writer's half line: end it, or our first record would be glued to it and lost
+                self._file.write("\n")
+                self._file.flush()
+
+    @staticmethod
+    def _ends_torn(path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                if f.tell() == 0:
+                    return False
+                f.seek(-1, os.SEEK_END)
+                return f.read(1) != b"\n"
+        except FileNotFoundError:
+            return False
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, ensure_ascii=False, default=str)
