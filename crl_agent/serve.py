@@ -287,6 +287,12 @@ class ChatServer:
                 else:
                     self._error(HTTPError(404, f"no route {self.path}", "not_found"))
 
+            def _not_allowed(self) -> None:
+                self.close_connection = True  # any body it sent is unread
+                self._error(HTTPError(405, f"method {self.command} is not allowed; use GET or POST", "not_allowed"))
+
+            do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
+
             def _read_body(self) -> bytes:
                 if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
                     raise HTTPError(411, "chunked request bodies are not supported; send Content-Length")

@@ -575,3 +575,39 @@ def test_cancelled_chat_leaves_its_batch_and_the_next_request_runs(counting_back
     nxt = run(go())
     assert len(nxt.token_ids) == 3
     assert calls[0] < 1500  # the cancelled row stopped instead of decoding 2000 tokens first
+
+
+# ======================================================================= more: client-side checks, 504, methods
+def test_openai_backend_rejects_unsendable_requests_before_any_request(hostile):
+    srv = hostile(status(200))
+    llm = client(srv.url)
+    with pytest.raises(ValueError, match="temperature"):
+        run(llm.chat(CHAT, SamplingParams(temperature=math.nan)))
+    with pytest.raises(ValueError, match="cannot be sent as JSON"):
+        run(llm.chat([{"role": "user", "content": {"a", "set"}}]))  # type: ignore[list-item]
+    assert srv.requests == []
+
+
+def test_openai_backend_sends_numpy_numbers_as_json(hostile):
+    np = pytest.importorskip("numpy")
+    srv = hostile(status(200))
+    params = SamplingParams(max_tokens=np.int64(5), temperature=np.float32(0.5), seed=np.int64(7))
+    assert run(client(srv.url).chat(CHAT, params)).text == "ok"
+    sent = json.loads(srv.requests[0][1])
+    assert (sent["max_tokens"], sent["temperature"], sent["seed"]) == (5, 0.5, 7)
+
+
+def test_completion_past_request_timeout_is_a_504_and_is_cancelled(counting_backend):
+    m, calls = counting_backend
+    with ChatServer(m, port=0, request_timeout=0.5) as srv:
+        code, body = post(srv.url, json.dumps({"messages": CHAT, "max_tokens": 2000}).encode())
+        assert_error(code, body, 504, "longer than 0.5s")
+        assert body["error"]["type"] == "timeout"
+        assert good(srv)["usage"]["completion_tokens"] == 3
+        assert calls[0] < 1500
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS"])
+def test_other_methods_get_a_405_in_openai_error_shape(server, method):
+    head = f"{method} /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    assert_error(*raw_request(server.url, head), 405, method)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,16 +81,21 @@ def check_sampling_params(params: SamplingParams) -> SamplingParams:
     def bad(what: str) -> ValueError:
         return ValueError(f"SamplingParams.{what}, got {params!r}")
 
-    if isinstance(params.max_tokens, bool) or not isinstance(params.max_tokens, int) or params.max_tokens < 1:
+    def integer(v: object) -> bool:  # numpy integers count; bools do not
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    def real(v: object) -> bool:
+        return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not integer(params.max_tokens) or params.max_tokens < 1:
         raise bad("max_tokens must be an int >= 1")
-    if not isinstance(params.temperature, (int, float)) or not math.isfinite(params.temperature) \
-            or params.temperature < 0:
+    if not real(params.temperature) or params.temperature < 0:
         raise bad("temperature must be a finite number >= 0")
-    if not isinstance(params.top_p, (int, float)) or not 0 < params.top_p <= 1:
+    if not real(params.top_p) or not 0 < params.top_p <= 1:
         raise bad("top_p must be in (0, 1]")
     if not isinstance(params.stop, (tuple, list)) or not all(isinstance(s, str) for s in params.stop):
         raise bad("stop must be a tuple of strings")
-    if params.seed is not None and (isinstance(params.seed, bool) or not isinstance(params.seed, int)):
+    if params.seed is not None and not integer(params.seed):
         raise bad("seed must be an int or None")
     return params
 

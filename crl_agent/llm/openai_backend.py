@@ -42,7 +42,7 @@ import random
 import time
 from typing import Any
 
-from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams
+from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams, check_sampling_params
 
 log = logging.getLogger(__name__)
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -118,24 +118,28 @@ class OpenAILLM(LLM):
 
     # ------------------------------------------------------------------ public
     async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
-        params = params or SamplingParams()
+        params = check_sampling_params(params or SamplingParams())
         model = self.model or await self._default_model()
         body: dict[str, Any] = {
             **self.extra_body,
             "model": model,
             "messages": messages,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
+            "max_tokens": int(params.max_tokens),
+            "temperature": float(params.temperature),
+            "top_p": float(params.top_p),
         }
         if params.stop:
             body["stop"] = list(params.stop)
         if params.seed is not None:
-            body["seed"] = params.seed
+            body["seed"] = int(params.seed)
         if self.logprobs:
             body["logprobs"] = True
         if self.return_token_ids:
             body["return_token_ids"] = True
+        try:
+            json.dumps(body, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"the request cannot be sent as JSON (check messages and extra_body): {e}") from None
         data = await self._request("POST", "/chat/completions", body)
         return self._parse(data, model)
 

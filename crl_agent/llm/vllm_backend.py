@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams
+from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams, check_sampling_params
 from crl_agent.llm.batching import RequestBatcher
 from crl_agent.llm.transformers_backend import validate_messages
 
@@ -83,7 +83,7 @@ class VLLMLLM(LLM):
         )
 
     async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
-        params = params or SamplingParams()
+        params = check_sampling_params(params or SamplingParams())  # a bad request must not fail its batch
         messages = validate_messages(messages)
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -101,7 +101,7 @@ class VLLMLLM(LLM):
                 temperature=r.params.temperature,
                 top_p=r.params.top_p,
                 stop=list(r.params.stop) or None,
-                seed=r.params.seed,
+                seed=None if r.params.seed is None else int(r.params.seed) % 2**64,
                 logprobs=0,
             )
             for r in reqs
