@@ -611,3 +611,11 @@ def test_completion_past_request_timeout_is_a_504_and_is_cancelled(counting_back
 def test_other_methods_get_a_405_in_openai_error_shape(server, method):
     head = f"{method} /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode()
     assert_error(*raw_request(server.url, head), 405, method)
+
+
+def test_lone_surrogates_in_content_are_replaced_not_a_500(server, backend):
+    """Tokenizers cannot encode them: before the fix the server answered 500 with a cryptic TypeError."""
+    code, body = post(server.url, b'{"messages": [{"role": "user", "content": "bad \\ud800 text"}], "max_tokens": 2}')
+    assert code == 200, body
+    c = run(backend.chat([{"role": "user", "content": "bad \udfff text"}], SamplingParams(max_tokens=2)))
+    assert "bad \ufffd text" in backend.tokenizer.decode(c.prompt_token_ids)

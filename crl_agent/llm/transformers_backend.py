@@ -25,6 +25,7 @@ A ``chat`` cancelled while its batch runs leaves the batch at the next decoding 
 from __future__ import annotations
 
 import random
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from crl_agent.llm.batching import RequestBatcher
 from crl_agent.llm.models import resolve_model_path
 
 _TRUNCATION_MARK = "[...] "
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _ROLES = {"system", "user", "assistant", "tool"}
 
 
@@ -59,6 +61,7 @@ def validate_messages(messages: list[Message]) -> list[Message]:
     """Check the chat shape; raise ``ValueError`` naming the problem.
 
     ``content`` is a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts (joined).
+    Lone UTF-16 surrogates (which no tokenizer can encode) become U+FFFD.
     """
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -73,6 +76,8 @@ def validate_messages(messages: list[Message]) -> list[Message]:
             raise ValueError(
                 f"messages[{i}] must be a dict with role in {sorted(_ROLES)} and string content, got {str(m)[:200]}"
             )
+        if not content.isascii():
+            content = _SURROGATE.sub("\ufffd", content)
         out.append({"role": m["role"], "content": content})
     return out
 
