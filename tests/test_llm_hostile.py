@@ -619,3 +619,32 @@ def test_lone_surrogates_in_content_are_replaced_not_a_500(server, backend):
     assert code == 200, body
     c = run(backend.chat([{"role": "user", "content": "bad \udfff text"}], SamplingParams(max_tokens=2)))
     assert "bad \ufffd text" in backend.tokenizer.decode(c.prompt_token_ids)
+
+
+def test_api_key_with_a_trailing_newline_is_stripped_and_sent(hostile, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET + "\n")
+    srv = hostile(status(200))
+    assert run(client(srv.url).chat(CHAT)).text == "ok"
+    assert f"Authorization: Bearer {SECRET}\r\n" in srv.requests[0][0]
+
+
+@pytest.mark.parametrize("key", ["sk-caf\u00e9-123", "sk-a\tb", "sk-a\nb"])
+def test_api_key_no_header_can_carry_is_a_clear_error_that_hides_it(monkeypatch, key):
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    with pytest.raises(ValueError, match=r"\$OPENAI_API_KEY holds non-ASCII or control characters") as info:
+        OpenAILLM("m")
+    assert key not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"base_url": "localhost:8000/v1"}, "http://"),
+        ({"max_concurrency": 0}, "max_concurrency"),  # a zero semaphore would hang every request
+        ({"timeout": 0}, "timeout"),
+        ({"max_retries": -1}, "max_retries"),
+    ],
+)
+def test_bad_openai_settings_fail_at_construction(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        OpenAILLM("m", **kwargs)

@@ -97,7 +97,14 @@ class OpenAILLM(LLM):
         self.model = model
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
-        self.__api_key = _Secret(os.environ.get(api_key_env) or "")
+        if not self.base_url.lower().startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, e.g. http://127.0.0.1:8000/v1; got "
+                             f"{self.base_url!r}")
+        key = (os.environ.get(api_key_env) or "").strip()  # a key read from a file often ends in a newline
+        if key and not (key.isascii() and key.isprintable()):
+            raise ValueError(f"${api_key_env} holds non-ASCII or control characters, which an HTTP header cannot "
+                             "carry; check how the variable is set (its value is not shown)")
+        self.__api_key = _Secret(key)
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
@@ -107,8 +114,10 @@ class OpenAILLM(LLM):
         self.return_token_ids = return_token_ids
         self.extra_body = dict(extra_body or {})
         self.max_response_bytes = int(max_response_bytes)
-        if self.timeout <= 0 or self.max_retries < 0 or self.max_response_bytes < 1:
-            raise ValueError("need timeout > 0, max_retries >= 0 and max_response_bytes >= 1")
+        if not (self.timeout > 0 and self.max_retries >= 0 and self.max_response_bytes >= 1
+                and self.max_concurrency >= 1 and self.backoff_s >= 0 and self.max_backoff_s >= 0):
+            raise ValueError("need timeout > 0, max_retries >= 0, max_response_bytes >= 1, max_concurrency >= 1 "
+                             "and backoff_s, max_backoff_s >= 0")
         self._client = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
