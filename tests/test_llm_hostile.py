@@ -151,10 +151,18 @@ def client(url: str, **kw) -> OpenAILLM:
 
 
 # ======================================================================= 1. openai backend
-def test_http_500_then_success_is_retried(hostile):
-    srv = hostile(status(500, {"error": {"message": "boom"}}), status(200))
+@pytest.mark.parametrize("code", [500, 502, 520, 529])
+def test_http_5xx_then_success_is_retried(hostile, code):
+    srv = hostile(status(code, {"error": {"message": "boom"}}), status(200))
     c = run(client(srv.url).chat(CHAT))
     assert c.text == "ok" and len(srv.requests) == 2
+
+
+def test_http_501_is_not_retried(hostile):
+    srv = hostile(status(501, {"error": {"message": "no such feature"}}))
+    with pytest.raises(LLMError, match="failed with HTTP 501: no such feature"):
+        run(client(srv.url).chat(CHAT))
+    assert len(srv.requests) == 1
 
 
 def test_429_retry_after_is_honoured(hostile):

@@ -1,11 +1,11 @@
 """``openai`` backend: any OpenAI-compatible chat-completions server.
 
 Works with ``vllm serve``, SGLang, the llama.cpp server, hosted APIs and our own
-``python -m crl_agent.serve``. Requests go through ``httpx`` with a per-request timeout and
+``python -m crl_agent.serve``. Requests go through ``httpx`` with a per-attempt timeout and
 retries with exponential backoff (plus jitter, honouring ``Retry-After`` up to ``max_backoff_s``) on
-connection errors, timeouts, connections closed mid-answer, 408/409/429 and 5xx answers. Other
-4xx answers fail at once with an :class:`~crl_agent.llm.base.LLMError` naming the status and the
-server's message.
+connection errors, timeouts, connections closed mid-answer, 408/409/425/429 and 5xx answers (except
+501 and 505). Other 4xx answers fail at once with an :class:`~crl_agent.llm.base.LLMError` naming
+the status and the server's message.
 
 ``timeout`` bounds each whole attempt (connect, send, and reading the full answer), so a server
 that accepts and never answers, or trickles bytes, costs at most ``timeout`` per attempt and
@@ -45,7 +45,13 @@ from typing import Any
 from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams, check_sampling_params
 
 log = logging.getLogger(__name__)
-_RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+_RETRY_4XX = frozenset({408, 409, 425, 429})
+_PERMANENT_5XX = frozenset({501, 505})  # not implemented / HTTP version: asking again cannot help
+
+
+def _retryable(status: int) -> bool:
+    """Transient answers: timeouts, conflicts, rate limits and 5xx overloads (incl. proxies' 52x and 529)."""
+    return status in _RETRY_4XX or (status >= 500 and status not in _PERMANENT_5XX)
 
 
 def _import_httpx():
@@ -251,7 +257,7 @@ class OpenAILLM(LLM):
                 if status < 300:
                     return self._json(where, content)
                 last = self._redact(f"HTTP {status}: {_error_message(content, reason)}")
-                if status not in _RETRY_STATUS:
+                if not _retryable(status):
                     raise LLMError(f"{where} failed with {last}")
                 retry_after = headers.get("retry-after")
             if attempt < self.max_retries:
