@@ -87,7 +87,7 @@ class FastCRL(CRLAgent):
 
 def _eval_argv(out, bank, episodes: int) -> list[str]:
     return ["--agent", "tests.test_experience_hostile:FastCRL", "--tasks", ENV, "--episodes", str(episodes),
-            "--max-steps", "3", "--out", str(out), "--bank", str(bank), "--quiet"]
+            "--max-steps", "3", "--out", str(out), "--bank", str(bank), "--quiet", "--agent-arg", "act_delay=0.04"]
 
 
 def _recorded(out) -> list[dict]:
@@ -114,7 +114,7 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 def test_kill_9_of_an_eval_run_resumes_without_duplicates_and_a_second_run_on_its_bank_is_refused(tmp_path, capsys):
     from eval.run import main
 
-    out, bank, episodes = tmp_path / "run", tmp_path / "bank", 24
+    out, bank, episodes = tmp_path / "run", tmp_path / "bank", 30
     proc = subprocess.Popen([sys.executable, "-m", "eval.run", *_eval_argv(out, bank, episodes)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
