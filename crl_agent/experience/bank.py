@@ -255,7 +255,7 @@ class ExperienceBank:
         except RuntimeError:
             return False
         want = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-        return bool(np.allclose(got, want, atol=1e-4))
+        return bool(np.allclose(got, want, atol=1e-4, equal_nan=True))
 
     def _sql_vectors(self, ids: list[int]) -> np.ndarray:
         """The vectors SQLite stores for ``ids`` (all must exist), as written (not normalised)."""
