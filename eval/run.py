@@ -338,7 +338,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     log.repair()
     recorded = log.load()
     check_resumable(recorded, identity, out)
-    agent = make_agent(args.agent, args.seed, kwargs, run_dir=out)
+    try:
+        agent = make_agent(args.agent, args.seed, kwargs, run_dir=out)
+    except (TaskSetError, ValueError):
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. a model path that does not load: one line, not a traceback
+        raise TaskSetError(f"could not create the {args.agent!r} agent: {type(e).__name__}: {e}") from e
     done = {r["key"]: r for r in recorded}  # a later record of a key (a retried episode) wins
     if args.retry_errored:
         done = {k: r for k, r in done.items() if not r.get("error")}

@@ -480,3 +480,20 @@ def test_pooled_steps_get_the_time_the_env_declares_beyond_step_timeout(tmp_path
         del gym.registry["test/SlowSubmit-v0"]
     task = json.loads((tmp_path / "summary.json").read_text())["tasks"]["test/SlowSubmit-v0"]
     assert task["errored"] == 0 and task["success"] == 1.0
+
+
+class BrokenAgent(Agent):
+    name = "broken"
+
+    def __init__(self, seed=0):
+        raise OSError("model weights at /nowhere cannot be read")
+
+    def make_policy(self, ctx):
+        raise AssertionError("never reached")
+
+
+def test_an_agent_that_cannot_be_built_is_one_clear_error_not_a_traceback(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _run(tmp_path, "--agent", "tests.test_eval_run:BrokenAgent", "--tasks", "test/Guess-v0")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "could not create" in err and "OSError: model weights at /nowhere" in err
