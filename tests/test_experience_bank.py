@@ -189,7 +189,7 @@ def test_retriever_updates_usage_stats_and_is_reproducible(tmp_path):
 
 WRITER = textwrap.dedent(
     """
-    import hashlib, random, sys
+    import hashlib, random, sys, time
     from crl_agent.experience import ExperienceBank
     b = ExperienceBank(sys.argv[1], embedder="hash:64")
     rng = random.Random(int(sys.argv[2]))
@@ -212,6 +212,9 @@ WRITER = textwrap.dedent(
             b.replace(rng.sample(ids, 2), [("t", title, content, [], None)])
         if i % 7 == 0:
             b.save()
+        if len(sys.argv) > 3 and i == 10:  # committed to SQLite, not saved to the index file: wait for the kill
+            print("paused", flush=True)
+            time.sleep(600)
     """
 )
 
@@ -232,10 +235,14 @@ def test_kill_9_during_writes_leaves_a_consistent_bank(tmp_path):
     path = tmp_path / "bank"
     outcomes = []
     for round_ in range(4):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(round_)], cwd=REPO,
+        pause = ["pause"] if round_ == 3 else []  # one kill surely leaves the saved index behind SQLite
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(round_), *pause], cwd=REPO,
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.3 + 0.2 * round_)
+        if pause:
+            assert proc.stdout.readline().strip() == "paused"
+        else:
+            time.sleep(0.3 + 0.2 * round_)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         outcomes.append(_check_intact(path))
