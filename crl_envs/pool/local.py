@@ -331,11 +331,12 @@ class EnvPool:
         w = self.workers[s.worker]
         if w.process is None:  # it died while creating its envs: try once more
             self._spawn(w)
-        req_id, call = self._submit(w, slot, method, args)
-        result = await self._wait(w, req_id, call, timeout)
         if method == "reset":
+            # Active from the moment it is sent: a restart while its reply is on the way (or while this
+            # coroutine waits to resume) must mark the new episode lost, never leave it on a fresh env.
             s.active, s.lost = True, None
-        return result
+        req_id, call = self._submit(w, slot, method, args)
+        return await self._wait(w, req_id, call, timeout)
 
     def _check_slot(self, slot: Any) -> None:
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < len(self.slots):
@@ -345,7 +346,7 @@ class EnvPool:
         """``env.reset`` on one slot; returns ``(obs, info)``."""
         self._check_slot(slot)
         s = self.slots[slot]
-        s.seed, s.active = seed, False
+        s.seed = seed
         return await self._request(slot, "reset", (seed, options), self.reset_timeout)
 
     async def step(self, slot: int, action: str):

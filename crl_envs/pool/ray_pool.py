@@ -124,6 +124,8 @@ class RayEnvPool:
             cause, detail = self.lost[slot]
             raise self._error(slot, cause, f"the actor hosting this episode was restarted ({detail}); "
                                            "reset the slot to start a new episode")
+        if method == "reset":  # active from the moment it is sent (see EnvPool._request)
+            self.active[slot], self.lost[slot] = True, None
         w = self.slots[slot][3]
         actor = self.actors[w]
         try:
@@ -141,8 +143,6 @@ class RayEnvPool:
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if getattr(e, "cause", None) is not None else e
             raise self._error(slot, "exception", f"{type(cause).__name__}: {cause}") from None
-        if method == "reset":
-            self.active[slot], self.lost[slot] = True, None
         return result
 
     async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
