@@ -29,7 +29,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,77 +44,19 @@ from crl_agent.experience.bankdir import (
     unlock_folder,
 )
 from crl_agent.experience.embedder import Embedder, make_embedder
+from crl_agent.experience.entry import (
+    COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    ExperienceEntry,
+    Transaction,
+    check_text,
+    entry_from_row,
+)
 from crl_agent.experience.index import VectorIndex
 
 log = logging.getLogger(__name__)
 __all__ = ["BankError", "ExperienceBank", "ExperienceEntry", "TaskView"]
-
-SCHEMA_VERSION = 1
-_COLUMNS = (
-    "id, task, title, content, created, updated, sources, origin, "
-    "retrieve_count, train_count, last_retrieved, last_trained_step"
-)
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries(
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    task TEXT NOT NULL,
-    title TEXT NOT NULL,
-    content TEXT NOT NULL,
-    embedding BLOB NOT NULL,
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    sources TEXT NOT NULL DEFAULT '[]',
-    origin TEXT,
-    retrieve_count INTEGER NOT NULL DEFAULT 0,
-    train_count INTEGER NOT NULL DEFAULT 0,
-    last_retrieved REAL,
-    last_trained_step INTEGER
-);
-CREATE INDEX IF NOT EXISTS entries_task ON entries(task);
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-
-
-@dataclass
-class ExperienceEntry:
-    """One distilled experience.
-
-    Attributes:
-        id: stable integer id (never reused), also the index label.
-        task: the task or family it belongs to (an env id or family name).
-        title: a short name for the rule.
-        content: the generalisable if-then rule.
-        created, updated: Unix times.
-        sources: ids of the trajectories it was distilled from.
-        origin: id of the extractor call that last wrote it (for the meta-reward).
-        retrieve_count, train_count, last_retrieved, last_trained_step: usage stats.
-    """
-
-    id: int
-    task: str
-    title: str
-    content: str
-    created: float
-    updated: float
-    sources: list[str] = field(default_factory=list)
-    origin: str | None = None
-    retrieve_count: int = 0
-    train_count: int = 0
-    last_retrieved: float | None = None
-    last_trained_step: int | None = None
-
-    @property
-    def text(self) -> str:
-        """What gets embedded."""
-        return f"{self.title}\n{self.content}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def _entry(row: tuple) -> ExperienceEntry:
-    return ExperienceEntry(*row[:6], json.loads(row[6]), *row[7:])
-
 
 class ExperienceBank:
     """Persistent, searchable store of experience entries.
@@ -161,7 +102,7 @@ class ExperienceBank:
             db_path = self.path / "bank.sqlite"
             self._db = connect(db_path)
             try:
-                self._db.executescript(_SCHEMA)
+                self._db.executescript(SCHEMA)
                 self._check_schema()
                 self._check_embedder(reembed)
                 for eid, task in self._db.execute("SELECT id, task FROM entries"):
@@ -227,8 +168,8 @@ class ExperienceBank:
             self._set_meta("embedder", mine)
             self._bump()
 
-    def _tx(self) -> _Transaction:
-        return _Transaction(self._db, self.path / "bank.sqlite")
+    def _tx(self) -> Transaction:
+        return Transaction(self._db, self.path / "bank.sqlite")
 
     def _load_or_rebuild_index(self) -> None:
         gen, count = self.generation, len(self._tasks)
@@ -338,7 +279,7 @@ class ExperienceBank:
             self.delete(delete_ids)
             return []
         for task, title, content, _, _ in items:
-            _check_text(task=task, title=title, content=content)
+            check_text(task=task, title=title, content=content)
         vecs = self.embedder.embed([f"{t}\n{c}" for _, t, c, _, _ in items]) if embeddings is None else embeddings
         vecs = np.ascontiguousarray(vecs, dtype=np.float32)
         if vecs.shape != (len(items), self.dim):
@@ -383,7 +324,7 @@ class ExperienceBank:
             raise KeyError(f"no entry {eid} in bank {self.path}")
         title = (title if title is not None else old.title).strip()
         content = (content if content is not None else old.content).strip()
-        _check_text(title=title, content=content)
+        check_text(title=title, content=content)
         vec = self.embedder.embed([f"{title}\n{content}"])[0].astype(np.float32)
         new_sources = old.sources + [s for s in sources if s not in old.sources]
         with self._lock:
@@ -464,8 +405,8 @@ class ExperienceBank:
             ids = [int(i) for i in ids]
             for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit
                 chunk = ids[start : start + 900]
-                q = f"SELECT {_COLUMNS} FROM entries WHERE id IN ({','.join('?' * len(chunk))})"
-                by_id.update((r[0], _entry(r)) for r in self._db.execute(q, chunk))
+                q = f"SELECT {COLUMNS} FROM entries WHERE id IN ({','.join('?' * len(chunk))})"
+                by_id.update((r[0], entry_from_row(r)) for r in self._db.execute(q, chunk))
         return [by_id[i] for i in ids if i in by_id]
 
     def entries(self, task: str | None = None) -> list[ExperienceEntry]:
@@ -535,46 +476,6 @@ class ExperienceBank:
 
     def config(self) -> dict[str, Any]:
         return {"path": str(self.path), "entries": len(self), **self.embedder.config()}
-
-
-def _check_text(**fields: str) -> None:
-    """Entry fields must be non-empty, valid Unicode (SQLite stores UTF-8: no lone surrogates)."""
-    for name, value in fields.items():
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"an entry needs a non-empty {name} string, got {str(value)[:40]!r}")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(
-                f"entry {name} is not valid Unicode (a lone surrogate at position {e.start}); clean it first, "
-                "e.g. text.encode('utf-8', 'replace').decode()"
-            ) from None
-
-
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any exception; SQLite failures become BankError."""
-
-    def __init__(self, db: sqlite3.Connection, path: Path):
-        self.db, self.path = db, path
-
-    def __enter__(self) -> None:
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise sqlite_error(self.path, e) from e
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if exc_type is not None:
-            self.db.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.OperationalError):
-                raise sqlite_error(self.path, exc) from exc
-            return
-        try:
-            self.db.execute("COMMIT")
-        except sqlite3.Error as e:
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
-            raise sqlite_error(self.path, e) from e
 
 
 class TaskView:
