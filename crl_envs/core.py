@@ -31,7 +31,7 @@ MAX_ACTION_CHARS = 4096
 MAX_OBS_CHARS = 65536
 
 
-def _is_unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
     """Whether ``text`` encodes as UTF-8 (no lone surrogates, which no tokenizer or file accepts)."""
     if text.isascii():
         return True
@@ -148,7 +148,7 @@ class TextEnv(gym.Env[str, str]):
             feedback = f"Invalid action: expected text, got {type(action).__name__}."
         elif len(action) > MAX_ACTION_CHARS:
             feedback = f"Invalid action: longer than {MAX_ACTION_CHARS} characters."
-        elif not _is_unicode(action):
+        elif not is_unicode(action):
             feedback = ("Invalid action: the text is not valid Unicode (it holds a lone surrogate such as "
                         "'\\ud800'); send plain text.")
         else:

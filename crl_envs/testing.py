@@ -21,6 +21,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from crl_envs.core import is_unicode
+
 REQUIRED_RESET_KEYS = ("task", "admissible_actions")
 REQUIRED_STEP_KEYS = ("task", "admissible_actions", "valid_action", "success", "progress")
 HOSTILE_INVALID = ("", "   ", "\n\t\n", "a" * 1_000_000)
@@ -117,9 +119,7 @@ def _check_step(env: gym.Env, action: object) -> tuple:
     obs, reward, terminated, truncated, info = out
     if not isinstance(obs, str):
         _fail("step", f"observation must be str, got {type(obs).__name__}")
-    try:
-        obs.encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_unicode(obs):
         _fail("step", f"after action {_short(action)}: the observation is not valid Unicode (a lone surrogate?); "
               "agents, tokenizers and JSON logs cannot take it")
     if not env.observation_space.contains(obs):
