@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eval.results import EpisodeLog, episode_key
+
 HEADER = ["task", "episodes", "success % ± SE", "progress %", "mean actions", "tokens in/out", "errored"]
 
 
@@ -184,22 +186,15 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if not summary_path.exists():
         raise FileNotFoundError(f"{summary_path}: not found; is {run_dir} a finished eval.run directory?")
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    records = []
-    episodes = run_dir / "episodes.jsonl"
-    if episodes.exists():
-        for line in episodes.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    # A retried episode (--retry-errored) is recorded again; its latest record is the one that counts.
+    latest = EpisodeLog(run_dir / "episodes.jsonl").latest()
     # episodes.jsonl may hold more than the summary counts (a resumed run with fewer --episodes or
     # another --seed): plot only the episodes the summary is about.
     run = summary.get("run") or {}
     if isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
-        wanted = {f"{e}#{run['seed'] + i}" for e in summary.get("tasks", {}) for i in range(run["episodes"])}
-        records = [r for r in records if r.get("key") in wanted]
-    # A retried episode (--retry-errored) is recorded again; its latest record is the one that counts.
-    records = list({r.get("key", id(r)): r for r in records}.values())
+        wanted = {episode_key(e, run["seed"] + i) for e in summary.get("tasks", {}) for i in range(run["episodes"])}
+        latest = {k: r for k, r in latest.items() if k in wanted}
+    records = list(latest.values())
     return summary, records
 
 

@@ -75,6 +75,10 @@ class EpisodeLog:
                     continue
         return records
 
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """The newest complete record of each episode key (a replayed episode supersedes its errored record)."""
+        return {r["key"]: r for r in self.load() if "key" in r}
+
     def repair(self) -> None:
         """Rewrite the file without a torn last line, so new records start on a fresh line."""
         records = self.load()

@@ -336,15 +336,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                            "or register the env with max_episode_steps=N")
     identity = {e: episode_identity(args, kwargs, e, step_caps) for e in env_ids}
     log.repair()
-    recorded = log.load()
-    check_resumable(recorded, identity, out)
+    done = log.latest()
+    check_resumable(list(done.values()), identity, out)
     try:
         agent = make_agent(args.agent, args.seed, kwargs, run_dir=out)
     except (TaskSetError, ValueError):
         raise
     except Exception as e:  # noqa: BLE001 - e.g. a model path that does not load: one line, not a traceback
         raise TaskSetError(f"could not create the {args.agent!r} agent: {type(e).__name__}: {e}") from e
-    done = {r["key"]: r for r in recorded}  # a later record of a key (a retried episode) wins
     if args.retry_errored:
         done = {k: r for k, r in done.items() if not r.get("error")}
     run_config = {
@@ -378,7 +377,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await agent.aclose()
     wanted = {episode_key(e, args.seed + i) for e in env_ids for i in range(args.episodes)}
-    records = list({r["key"]: r for r in log.load() if r["key"] in wanted}.values())
+    records = [r for key, r in log.latest().items() if key in wanted]
     summary = summarize(records, env_ids, agent.config(), run_config)
     write_json(out / "summary.json", summary)
     (out / "results.md").write_text(report.markdown_table(summary), encoding="utf-8")
@@ -415,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(1, f"{parser.prog}: error: corrupt results file: {e}\n")
     except KeyboardInterrupt:
         out = args.out
-        kept = len({r["key"] for r in EpisodeLog(out / "episodes.jsonl").load()}) if out is not None else 0
+        kept = len(EpisodeLog(out / "episodes.jsonl").latest()) if out is not None else 0
         where = f" in {out}" if out is not None else ""
         print(f"\n{parser.prog}: interrupted; {kept} episode(s) recorded{where}. Run the same command with "
               "--resume to finish it.", file=sys.stderr)
