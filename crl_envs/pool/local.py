@@ -35,7 +35,7 @@ from crl_envs.pool.worker import worker_main
 from crl_envs.registry import check_env_id
 
 _CTX = mp.get_context("spawn")
-_STEP_METHODS = ("reset", "make")  # the methods a lost episode still accepts (they start afresh)
+FRESH_START_METHODS = ("reset", "make")  # the calls a lost episode still accepts (they start afresh)
 
 
 class EnvError(RuntimeError):
@@ -68,7 +68,7 @@ class _Slot:
     spec: gym.envs.registration.EnvSpec
     worker: int
     seed: int | None = None
-    active: bool = False  # an episode is running (a reset succeeded)
+    active: bool = False  # an episode is running (a reset was sent)
     lost: tuple[str, str] | None = None  # (cause, detail) when its worker was restarted mid-episode
 
 
@@ -324,7 +324,7 @@ class EnvPool:
         if self._closed:
             raise self._error(slot, "closed", "the pool was closed")
         s = self.slots[slot]
-        if s.lost is not None and method not in _STEP_METHODS:
+        if s.lost is not None and method not in FRESH_START_METHODS:
             cause, detail = s.lost
             raise self._error(slot, cause, f"the worker hosting this episode was restarted ({detail}); "
                                            "reset the slot to start a new episode")

@@ -17,7 +17,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from crl_envs.pool.local import EnvError, parse_envs
+from crl_envs.pool.local import FRESH_START_METHODS, EnvError, parse_envs
 
 
 def _ray():
@@ -120,7 +120,7 @@ class RayEnvPool:
             await self.start()
         if self._closed:
             raise self._error(slot, "closed", "the pool was closed")
-        if self.lost[slot] is not None and method not in ("reset", "make"):
+        if self.lost[slot] is not None and method not in FRESH_START_METHODS:
             cause, detail = self.lost[slot]
             raise self._error(slot, cause, f"the actor hosting this episode was restarted ({detail}); "
                                            "reset the slot to start a new episode")
