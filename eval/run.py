@@ -185,6 +185,14 @@ async def run_task(
     """
     n_envs = max(1, min(concurrency, len(seeds)))
     pool = None
+    made: list[LocalHandle | PoolHandle] = []
+
+    def release() -> None:
+        for h in made:
+            h.close()
+        if pool is not None:
+            pool.close()
+
     try:
         if num_workers > 0:
             probe = gym.make(env_id, **(make_kwargs or {}))
@@ -196,18 +204,15 @@ async def run_task(
             pool = make_pool([(env_id, make_kwargs or {})] * n_envs, backend, num_workers=num_workers,
                              timeout=timeout)
             await pool.start()
-            made = [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
+            made += [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
         else:
-            made = [LocalHandle(env_id, make_kwargs) for _ in range(n_envs)]
+            for _ in range(n_envs):  # one by one, so those made before a failure are closed
+                made.append(LocalHandle(env_id, make_kwargs))
     except Exception as e:  # noqa: BLE001 - e.g. official data missing: one clear message, not a traceback
-        if pool is not None:
-            pool.close()
+        release()
         raise TaskSetError(f"{env_id}: cannot create the env: {type(e).__name__}: {e}") from e
     if getattr(agent, "needs_solver", False) and not made[0].has_solver:
-        for h in made:
-            h.close()
-        if pool is not None:
-            pool.close()
+        release()
         raise TaskSetError(f"{env_id} has no solver (no oracle_action), so the {agent.name} agent cannot play it; "
                            "leave it out of --tasks or use another agent")
     envs: asyncio.Queue = asyncio.Queue()
@@ -230,10 +235,7 @@ async def run_task(
         await asyncio.gather(*(one(i, s) for i, s in enumerate(seeds)))
     finally:
         bar.close()
-        for h in made:
-            h.close()
-        if pool is not None:
-            pool.close()
+        release()
     return records
 
 
