@@ -92,6 +92,11 @@ def map_of(obs_text: str) -> tuple[list[str], int, int]:
     return lines[start:end], int(m.group(1)), int(m.group(2))
 
 
+def legend_symbols(obs_text: str) -> set[str]:
+    (line,) = [ln for ln in obs_text.splitlines() if ln.startswith("Legend: ")]
+    return {part[0] for part in line[len("Legend: "):].split("; ") if part}
+
+
 def _walk(env: gym.Env, seed: int, steps: int, random_moves: bool = True):
     """One seeded episode's observations, each with the Objects computed here from NLE's arrays.
 
@@ -123,6 +128,11 @@ def _check_offsets(env_id: str, seeds) -> int:
             rows, r, c = map_of(text)
             for desc, sym, dr, dc in got[0]:  # the text agrees with itself: the symbol is on the map there
                 assert rows[r + dr][c + dc] == sym, (desc, sym, dr, dc)
+            legend = legend_symbols(text)
+            for rr, row in enumerate(rows):  # every other symbol on the map is in the legend
+                for cc, sym in enumerate(row):
+                    if sym != " " and (sym, rr - r, cc - c) not in {(e[1], e[2], e[3]) for e in got[0]}:
+                        assert sym in legend, (sym, text)
             checked += 1
     env.close()
     return checked

@@ -61,22 +61,38 @@ def offset_words(rows: int, cols: int) -> str:
     return f"{text} (adjacent)" if max(abs(rows), abs(cols)) == 1 else text
 
 
+def byte_view(arr: np.ndarray) -> memoryview:
+    """The bytes of ``arr`` in C order, without a copy where it is contiguous (NLE's buffers are).
+
+    Slicing a memoryview costs far less than indexing a numpy array cell by cell.
+    """
+    return memoryview(arr).cast("B") if arr.flags.c_contiguous else memoryview(arr.tobytes())
+
+
 class ObjectFinder:
-    """Lists the things on a NetHack map around the agent; caches that are valid across episodes."""
+    """Lists the things on a NetHack map around the agent; caches that are valid across episodes.
+
+    Args:
+        max_objects: the most entries :meth:`describe` lists.
+    """
 
     def __init__(self, max_objects: int = MAX_OBJECTS):
         if max_objects < 1:
             raise ValueError(f"max_objects must be at least 1, got {max_objects}")
+        from nle import nethack
+
         self.max_objects = max_objects
         self._listed = listed_glyph_table()
+        # The symbols of the glyphs never listed (rock, walls, floors), in code order: the legend's candidates.
+        self.terrain_symbols = bytes(sorted({nethack.symdef.from_idx(i).sym for i in range(nethack.MAXPCHARS)
+                                             if not self._listed[nethack.GLYPH_CMAP_OFF + i]} - {ord(" ")}))
         self._descs: dict[bytes, str] = {}
         self._offsets: dict[tuple[int, int], str] = {}
 
     def cells(self, glyphs: np.ndarray, row: int, col: int) -> list[int]:
-        """Flat indices (``row * width + col``) of the listed cells, the agent's own cell left out.
+        """Flat indices (``row * width + col``) of the listed cells in reading order, the agent's cell left out.
 
-        Unordered beyond reading order; one table lookup over the whole map, no Python loop
-        over cells.
+        One table lookup over the whole map, no Python loop over cells.
         """
         flat = self._listed.take(glyphs.ravel()).nonzero()[0].tolist()
         if flat:
@@ -85,9 +101,15 @@ class ObjectFinder:
                 flat.remove(me)
         return flat
 
-    def description(self, descs: np.ndarray, r: int, c: int) -> str:
-        """NetHack's screen description of cell ``(r, c)`` (cached by its raw bytes)."""
-        raw = descs[r, c].tobytes()
+    def description(self, descs: memoryview, i: int, length: int) -> str:
+        """NetHack's screen description of flat cell ``i`` (cached by its raw bytes).
+
+        Args:
+            descs: :func:`byte_view` of ``screen_descriptions``.
+            i: the cell's flat index.
+            length: the bytes per description (``screen_descriptions.shape[-1]``).
+        """
+        raw = descs[i * length:(i + 1) * length].tobytes()
         d = self._descs.get(raw)
         if d is None:
             d = raw.split(b"\x00", 1)[0].decode("latin-1").strip()
@@ -95,7 +117,8 @@ class ObjectFinder:
                 self._descs[raw] = d
         return d
 
-    def describe(self, obs: dict[str, np.ndarray], chars: bytes, cells: list[int], row: int, col: int) -> str:
+    def describe(self, obs: dict[str, np.ndarray], chars: bytes, cells: list[int], row: int, col: int,
+                 descs: memoryview | None = None) -> str:
         """The Objects text for ``cells`` (from :meth:`cells`), nearest first and capped.
 
         Args:
@@ -103,10 +126,14 @@ class ObjectFinder:
             chars: ``obs["chars"].tobytes()``, the symbols.
             cells: the listed cells' flat indices.
             row, col: the agent's cell.
+            descs: :func:`byte_view` of ``screen_descriptions``, where the caller has it already.
         """
         if not cells:
             return "none in sight"
         width = obs["glyphs"].shape[1]
+        length = obs["screen_descriptions"].shape[-1]
+        if descs is None:
+            descs = byte_view(obs["screen_descriptions"])
         ranked = []
         for i in cells:
             r, c = divmod(i, width)
@@ -114,14 +141,13 @@ class ObjectFinder:
             adr, adc = abs(dr), abs(dc)
             ranked.append((max(adr, adc), adr + adc, i, dr, dc))
         ranked.sort()
-        descs, offsets = obs["screen_descriptions"], self._offsets
+        offsets = self._offsets
         parts = []
         for _, _, i, dr, dc in ranked[: self.max_objects]:
             off = offsets.get((dr, dc))
             if off is None:
                 off = offsets[(dr, dc)] = offset_words(dr, dc)
-            desc = self.description(descs, *divmod(i, width)) or "unknown"
-            parts.append(f"{desc} ({chr(chars[i])}): {off}")
+            parts.append(f"{self.description(descs, i, length) or 'unknown'} ({chr(chars[i])}): {off}")
         if len(ranked) > self.max_objects:
             parts.append(f"and {len(ranked) - self.max_objects} more farther away")
         return "; ".join(parts)

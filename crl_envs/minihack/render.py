@@ -13,7 +13,9 @@ from collections.abc import Container, Sequence
 
 import numpy as np
 
-from crl_envs.minihack.objects import MAX_OBJECTS, ObjectFinder
+from crl_envs.minihack.objects import MAX_OBJECTS, ObjectFinder, byte_view
+
+_KEEP_CONTROL = bytes.maketrans(b"\t\n\r\x0b\x0c", b"?????")
 
 
 def text_of(arr: np.ndarray) -> str:
@@ -24,11 +26,19 @@ def text_of(arr: np.ndarray) -> str:
 def _span(cells: bytes, stride: int) -> tuple[int, int]:
     """``[first, last + 1)`` over the ``stride``-long runs of ``cells`` that hold a non-space byte.
 
-    Only spaces count as blank (other whitespace, never seen on a NetHack map, widens the
-    span); an all-blank ``cells`` gives ``(len // stride, 0)``.
+    ``cells`` must have passed :func:`_no_control`, so that the argument-free ``strip()``
+    (several times cheaper than ``strip(b" ")``) strips spaces only; an all-blank
+    ``cells`` gives ``(len // stride, 0)``.
     """
-    head = len(cells) - len(cells.lstrip(b" "))
-    return head // stride, (len(cells.rstrip(b" ")) - 1) // stride + 1
+    head = len(cells) - len(cells.lstrip())
+    return head // stride, (len(cells.rstrip()) - 1) // stride + 1
+
+
+def _no_control(cells: bytes) -> bytes:
+    """``cells`` with ASCII whitespace other than space (never seen on a NetHack map) made non-blank."""
+    if b"\t" in cells or b"\n" in cells or b"\r" in cells or b"\x0b" in cells or b"\x0c" in cells:
+        return cells.translate(_KEEP_CONTROL)
+    return cells
 
 
 def map_box(chars: np.ndarray, raw: bytes | None = None) -> tuple[list[str], int, int]:
@@ -48,10 +58,12 @@ def map_box(chars: np.ndarray, raw: bytes | None = None) -> tuple[list[str], int
     h, w = chars.shape
     if raw is None:
         raw = chars.tobytes()
-    r0, r1 = _span(raw, w)
+    probe = _no_control(raw)
+    r0, r1 = _span(probe, w)
     if r1 <= r0:
         return [], 0, 0
-    c0, c1 = _span(chars.T.tobytes(), h)
+    columns = chars.T.tobytes()  # the same bytes, so the same control check applies
+    c0, c1 = _span(columns if probe is raw else columns.translate(_KEEP_CONTROL), h)
     text = raw[r0 * w:r1 * w].decode("latin-1")
     return [text[i:i + c1 - c0] for i in range(c0, (r1 - r0) * w, w)], r0, c0
 
@@ -75,34 +87,52 @@ class Renderer:
         self._inv_key = b""
         self._inv_text = "(empty)"
 
-    def legend(self, obs: dict[str, np.ndarray], lines: list[str], r0: int, c0: int,
-               listed: Container[int] = ()) -> str:
-        """One NetHack screen description per distinct symbol on the map, listed cells left out.
+    def legend(self, obs: dict[str, np.ndarray], lines: list[str], r0: int, c0: int) -> str:
+        """One NetHack screen description per distinct symbol on the map (the observation without Objects).
 
-        Symbols are sorted by code; each is described by its first cell in reading order
-        that is not in ``listed`` (flat screen indices of the cells the Objects part already
-        describes), so the legend names floor, walls, darkness and you, and a symbol shown
-        only on listed cells is not repeated. Every non-blank cell lies inside the trimmed box.
+        Symbols are sorted by code; each is described by its first cell in reading order,
+        which lies inside the trimmed box because every non-blank cell does.
         """
         if not lines:
             return ""
         width = len(lines[0])
         flat = "".join(lines)
-        screen_width = obs["screen_descriptions"].shape[1]
-        descs, describe = obs["screen_descriptions"], self.finder.description
+        descs = byte_view(obs["screen_descriptions"])
+        screen_width, length = obs["screen_descriptions"].shape[1:]
         parts = []
         for ch in sorted(set(flat) - {" "}):
             i = flat.index(ch)
-            r, c = r0 + i // width, c0 + i % width
-            while r * screen_width + c in listed:
-                i = flat.find(ch, i + 1)
-                if i < 0:
-                    break
-                r, c = r0 + i // width, c0 + i % width
-            if i < 0:
-                continue
-            d = describe(descs, r, c)
+            d = self.finder.description(descs, (r0 + i // width) * screen_width + c0 + i % width, length)
             parts.append(f"{ch} {d}" if d else ch)
+        return "; ".join(parts)
+
+    def terrain_legend(self, chars: bytes, listed: Container[int], me: int, descs: memoryview, length: int) -> str:
+        """The legend beside the Objects part: the symbols of floor, walls and darkness, and you.
+
+        Each symbol is described by its first cell in reading order that the Objects part
+        does not list (a ``-`` may be a wall or an open door). Symbols are found with
+        C-level byte searches over the screen, with no Python loop over cells.
+
+        Args:
+            chars: ``chars.tobytes()``.
+            listed: the flat indices the Objects part lists.
+            me: the agent's flat index.
+            descs: :func:`byte_view` of ``screen_descriptions``; ``length``: bytes per description.
+        """
+        describe = self.finder.description
+        mine = chars[me]
+        parts = []
+        for ch in sorted({*self.finder.terrain_symbols, mine} - {ord(" ")}):
+            if ch == mine:
+                i = me
+            else:
+                i = chars.find(ch)
+                while i >= 0 and i in listed:
+                    i = chars.find(ch, i + 1)
+                if i < 0:
+                    continue
+            d = describe(descs, i, length)
+            parts.append(f"{chr(ch)} {d}" if d else chr(ch))
         return "; ".join(parts)
 
     def inventory(self, obs: dict[str, np.ndarray]) -> str:
@@ -146,9 +176,12 @@ class Renderer:
             f"You (@) are at row {y - r0}, column {x - c0} of the map. HP {hp}/{max_hp}.",
         ]
         if self.show_objects:
+            descs = byte_view(obs["screen_descriptions"])
+            length = obs["screen_descriptions"].shape[-1]
             listed = self.finder.cells(obs["glyphs"], y, x)
-            out.append(f"Objects: {self.finder.describe(obs, raw, listed, y, x)}")
-            out.append(f"Legend: {self.legend(obs, lines, r0, c0, set(listed))}")
+            out.append(f"Objects: {self.finder.describe(obs, raw, listed, y, x, descs)}")
+            legend = self.terrain_legend(raw, set(listed), y * chars.shape[1] + x, descs, length)
+            out.append(f"Legend: {legend}")
         else:
             out.append(f"Legend: {self.legend(obs, lines, r0, c0)}")
         if self.show_inventory:
