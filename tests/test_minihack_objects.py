@@ -313,3 +313,20 @@ def test_the_hostile_battery_passes_on_the_learning_ready_id():
 @pytest.mark.parametrize("env_id", MINIHACK_IDS)
 def test_the_hostile_battery_passes_on_every_minihack_id(env_id):
     _hostile_battery(env_id)
+
+
+def test_a_changed_description_is_shown_even_when_glyphs_and_symbols_are_the_same():
+    # NetHack can change what a cell is called without changing its glyph (a peaceful monster angered).
+    me = (3, 3)
+    jackal = nethack.GLYPH_MON_OFF + 1
+    obs = _synthetic({(3, 5): (jackal, "d", "peaceful jackal")}, me)
+    renderer = Renderer("Reach it.", show_inventory=False)
+    first = renderer.render(obs, "", "", ["north"])
+    assert "Objects: peaceful jackal (d): 2 east" in first
+    assert renderer.render(obs, "", "", ["north"]) == first
+    obs["screen_descriptions"][3, 5] = 0
+    obs["screen_descriptions"][3, 5, :6] = np.frombuffer(b"jackal", np.uint8)
+    assert "Objects: jackal (d): 2 east" in renderer.render(obs, "", "", ["north"])
+    obs["screen_descriptions"][0, 0] = 0  # the legend's floor cell gets another name
+    obs["screen_descriptions"][0, 0, :5] = np.frombuffer(b"stone", np.uint8)
+    assert "Legend: . stone;" in renderer.render(obs, "", "", ["north"])

@@ -118,7 +118,7 @@ class ObjectFinder:
         return d
 
     def describe(self, obs: dict[str, np.ndarray], chars: bytes, cells: list[int], row: int, col: int,
-                 descs: memoryview | None = None) -> str:
+                 descs: memoryview | None = None, used: list[int] | None = None) -> str:
         """The Objects text for ``cells`` (from :meth:`cells`), nearest first and capped.
 
         Args:
@@ -127,6 +127,7 @@ class ObjectFinder:
             cells: the listed cells' flat indices.
             row, col: the agent's cell.
             descs: :func:`byte_view` of ``screen_descriptions``, where the caller has it already.
+            used: if given, the cells whose descriptions the text shows are appended to it.
         """
         if not cells:
             return "none in sight"
@@ -143,7 +144,10 @@ class ObjectFinder:
         ranked.sort()
         offsets = self._offsets
         parts = []
-        for _, _, i, dr, dc in ranked[: self.max_objects]:
+        shown = ranked[: self.max_objects]
+        if used is not None:
+            used.extend(e[2] for e in shown)
+        for _, _, i, dr, dc in shown:
             off = offsets.get((dr, dc))
             if off is None:
                 off = offsets[(dr, dc)] = offset_words(dr, dc)

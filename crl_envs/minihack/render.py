@@ -86,12 +86,18 @@ class Renderer:
         self.finder = ObjectFinder(max_objects)
         self._inv_key = b""
         self._inv_text = "(empty)"
+        # The last map, Objects and legend text, with what it was made from (see _view).
+        self._view_key: tuple = ()
+        self._view_descs: list[tuple[int, bytes]] = []
+        self._view_text: tuple[list[str], int, int, list[str]] = ([], 0, 0, [])
 
-    def legend(self, obs: dict[str, np.ndarray], lines: list[str], r0: int, c0: int) -> str:
+    def legend(self, obs: dict[str, np.ndarray], lines: list[str], r0: int, c0: int,
+               used: list[int] | None = None) -> str:
         """One NetHack screen description per distinct symbol on the map (the observation without Objects).
 
         Symbols are sorted by code; each is described by its first cell in reading order,
-        which lies inside the trimmed box because every non-blank cell does.
+        which lies inside the trimmed box because every non-blank cell does. The described
+        cells are appended to ``used`` if given.
         """
         if not lines:
             return ""
@@ -102,11 +108,15 @@ class Renderer:
         parts = []
         for ch in sorted(set(flat) - {" "}):
             i = flat.index(ch)
-            d = self.finder.description(descs, (r0 + i // width) * screen_width + c0 + i % width, length)
+            cell = (r0 + i // width) * screen_width + c0 + i % width
+            if used is not None:
+                used.append(cell)
+            d = self.finder.description(descs, cell, length)
             parts.append(f"{ch} {d}" if d else ch)
         return "; ".join(parts)
 
-    def terrain_legend(self, chars: bytes, listed: Container[int], me: int, descs: memoryview, length: int) -> str:
+    def terrain_legend(self, chars: bytes, listed: Container[int], me: int, descs: memoryview, length: int,
+                       used: list[int] | None = None) -> str:
         """The legend beside the Objects part: the symbols of floor, walls and darkness, and you.
 
         Each symbol is described by its first cell in reading order that the Objects part
@@ -118,6 +128,7 @@ class Renderer:
             listed: the flat indices the Objects part lists.
             me: the agent's flat index.
             descs: :func:`byte_view` of ``screen_descriptions``; ``length``: bytes per description.
+            used: if given, the described cells are appended to it.
         """
         describe = self.finder.description
         mine = chars[me]
@@ -131,6 +142,8 @@ class Renderer:
                     i = chars.find(ch, i + 1)
                 if i < 0:
                     continue
+            if used is not None:
+                used.append(i)
             d = describe(descs, i, length)
             parts.append(f"{chr(ch)} {d}" if d else chr(ch))
         return "; ".join(parts)
@@ -148,6 +161,34 @@ class Renderer:
             self._inv_key, self._inv_text = key, "; ".join(items) if items else "(empty)"
         return self._inv_text
 
+    def _view(self, obs: dict[str, np.ndarray], y: int, x: int) -> tuple[list[str], int, int, list[str]]:
+        """The map rows, the box's top-left, and the Objects and Legend lines.
+
+        They depend only on ``chars``, ``glyphs``, the agent's cell and the descriptions of
+        the cells they describe, so the last ones are reused when all of those are byte for
+        byte the same (a move into a wall, an answer to a question): comparing them costs a
+        few memcmps, rebuilding them costs most of a render.
+        """
+        chars, sd = obs["chars"], obs["screen_descriptions"]
+        raw = chars.tobytes()
+        key = (raw, obs["glyphs"].tobytes(), y, x)
+        descs, length = byte_view(sd), sd.shape[-1]
+        if key == self._view_key and all(descs[i * length:(i + 1) * length] == d for i, d in self._view_descs):
+            return self._view_text
+        lines, r0, c0 = map_box(chars, raw)
+        used: list[int] = []
+        if self.show_objects:
+            listed = self.finder.cells(obs["glyphs"], y, x)
+            objects = self.finder.describe(obs, raw, listed, y, x, descs, used)
+            legend = self.terrain_legend(raw, set(listed), y * chars.shape[1] + x, descs, length, used)
+            parts = [f"Objects: {objects}", f"Legend: {legend}"]
+        else:
+            parts = [f"Legend: {self.legend(obs, lines, r0, c0, used)}"]
+        self._view_key = key
+        self._view_descs = [(i, descs[i * length:(i + 1) * length].tobytes()) for i in used]
+        self._view_text = (lines, r0, c0, parts)
+        return self._view_text
+
     def render(self, obs: dict[str, np.ndarray], message: str, prompt: str, actions: Sequence[str]) -> str:
         """The full text observation.
 
@@ -158,11 +199,9 @@ class Renderer:
             prompt: NetHack's pending question, or "".
             actions: the admissible actions to list.
         """
-        chars = obs["chars"]
-        raw = chars.tobytes()
-        lines, r0, c0 = map_box(chars, raw)
         bl = obs["blstats"]
         x, y, hp, max_hp = int(bl[0]), int(bl[1]), int(bl[10]), int(bl[11])
+        lines, r0, c0, parts = self._view(obs, y, x)
         tty = obs["tty_chars"]
         w = tty.shape[1]
         bottom = tty[22:24].tobytes().decode("latin-1")
@@ -174,16 +213,8 @@ class Renderer:
             *lines,
             status,
             f"You (@) are at row {y - r0}, column {x - c0} of the map. HP {hp}/{max_hp}.",
+            *parts,
         ]
-        if self.show_objects:
-            descs = byte_view(obs["screen_descriptions"])
-            length = obs["screen_descriptions"].shape[-1]
-            listed = self.finder.cells(obs["glyphs"], y, x)
-            out.append(f"Objects: {self.finder.describe(obs, raw, listed, y, x, descs)}")
-            legend = self.terrain_legend(raw, set(listed), y * chars.shape[1] + x, descs, length)
-            out.append(f"Legend: {legend}")
-        else:
-            out.append(f"Legend: {self.legend(obs, lines, r0, c0)}")
         if self.show_inventory:
             out.append("Inventory: " + self.inventory(obs))
         if prompt:
