@@ -247,3 +247,22 @@ def test_map_box_trims_to_non_space_cells_only():
     chars[20, 78] = ord("@")
     lines, r0, c0 = map_box(chars)
     assert (r0, c0, len(lines), lines[-1][-1]) == (3, 2, 18, "@")
+
+
+def test_a_death_ends_the_episode_and_keeps_nethacks_last_messages():
+    import numpy as np
+
+    env = gym.make("crl/MiniHack-Room-Ultimate-15x15-v0")
+    for seed in range(20):  # oracle and random moves mixed: some of these episodes end in a death
+        rng = np.random.default_rng(seed)
+        obs, info = env.reset(seed=seed)
+        for _ in range(env.spec.max_episode_steps):
+            acts = info["admissible_actions"]
+            action = env.unwrapped.oracle_action() if rng.random() < 0.5 else acts[rng.integers(len(acts))]
+            obs, reward, term, trunc, info = env.step(action)
+            if term or trunc:
+                break
+        if obs.endswith("You died."):
+            break
+    assert obs.endswith("The episode is over. You died."), obs
+    assert term and not trunc and reward == 0 and not info["success"] and "You die..." in obs.splitlines()[1]

@@ -141,6 +141,24 @@ class MiniHackTextEnv(TextEnv):
         self._obs, reward, term, trunc, info = self._step(self._index[key])
         return float(reward), bool(term), info
 
+    def _press(self, key: int) -> tuple[bool, dict]:
+        """Send a key that only gets NetHack past a prompt ("--More--", a text prompt) straight to the game.
+
+        This is how NLE's own step answers these prompts (its "known steps"): an env step would
+        copy every observation array twice for a key that is no move of the agent's, which made
+        each "--More--" cost as much as a move. ``self._obs`` views NLE's buffers, which the game
+        updates in place; the end of the episode is judged as NLE's step judges it (nle==1.3.0).
+
+        Returns:
+            ``(terminated, info)`` as from an env step.
+        """
+        raw = self._nle.unwrapped
+        observation, done = raw.nethack.step(key)
+        status = raw._get_end_status(observation, done)
+        if status and not done:
+            raw._quit_game(observation, done)
+        return bool(status), {"end_status": status}
+
     def _continue(self, term: bool = False, info: dict | None = None) -> tuple[bool, dict]:
         """Get past "--More--" (keeping each message) and text prompts, so nothing stalls.
 
@@ -161,9 +179,9 @@ class MiniHackTextEnv(TextEnv):
                 part = text_of(self._obs["message"])
                 if part and (not parts or parts[-1] != part):
                     parts.append(part)
-                _, term, info = self._key(_RETURN)
+                term, info = self._press(_RETURN)
             else:  # NetHack wants a typed line (e.g. a name); agents only answer single-key questions
-                _, term, info = self._key(_ESC)
+                term, info = self._press(_ESC)
         msg = text_of(self._obs["message"])
         # NetHack's own flag, not the message's wording: a message that merely ends in "?" must not let
         # raw letters (S = save, Q = quit, i = inventory) reach the command loop
