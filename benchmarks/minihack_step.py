@@ -4,12 +4,12 @@
 
 Both envs come from ``gym.make`` (the raw one with our observation keys and action set,
 the text one by its ``crl/`` id), so each rate includes the wrappers a user gets. The text
-env's rate includes the full observation (map, status lines, position, legend, inventory,
-actions) and the ``info`` keys. Raw and text runs alternate, ``repeats`` times per task,
+env's rate includes the full observation (map, status lines, position, the Objects part,
+legend, inventory, actions) and the ``info`` keys. Raw and text runs alternate, ``repeats`` times per task,
 and the printed ratio is the median of the per-repeat ratios, so load from other processes
 hits both sides alike. Rates are steps per second of this process's CPU time
 (``time.process_time``), which waiting behind other processes on a shared machine does not
-inflate; the wall-clock ratio is printed too. Target: text env >= 0.5x of raw.
+inflate; the wall-clock ratio is printed too. Target: text env >= 0.5x of raw (aim: 0.8x).
 """
 
 from __future__ import annotations
