@@ -358,7 +358,7 @@ class PolicyLearner:
                         run.nonfinite_loss = True
                         return run
                     self._backward(scaled)
-                    run.loss += float(scaled)
+                    run.loss += scaled.item()
                     run.stats.append((stats, sum(s.num_loss_tokens for s in batch)))
                     run.entropies.extend(entropies)
                     run.tokens += sum(s.num_tokens for s in batch)
