@@ -38,7 +38,7 @@ _EXPORTS = {
     "batch_candidate_logprobs": "logprobs",
     "action_logprob": "logprobs",
     "token_logprobs": "logprobs",
-    "TurnSample": "learner",
+    "TurnSample": "samples",
     "PolicyLearner": "learner",
     "NonFiniteUpdate": "learner",
     "OutOfMemory": "learner",
