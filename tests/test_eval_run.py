@@ -219,7 +219,7 @@ def test_agent_options_reach_the_constructor_and_unknown_ones_are_refused(tmp_pa
 def test_run_writes_plots_and_lists_errored_episodes(tmp_path):
     _run(tmp_path / "x", "--agent", "tests.test_eval_run:CrashingAgent", "--tasks", "test/Guess-v0", "--episodes", "2")
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
-    assert [e["key"] for e in summary["errors"]] == ["test/Guess-v0#0", "test/Guess-v0#1"]
+    assert [e["key"] for e in summary["errors"]] == ["test/Guess-v0#0#0", "test/Guess-v0#1#0"]
     assert "agent bug" in summary["errors"][0]["error"]
     md = (tmp_path / "x" / "results.md").read_text()
     assert "## Errored episodes (2)" in md and "test/Guess-v0#1" in md
