@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("hnswlib", reason="the crl agent needs the agent extra")
 
+from crl_agent.agents import EpisodeContext  # noqa: E402
 from crl_agent.agents.crl import EXPERIENCE_HEADER, CRLAgent  # noqa: E402
 from crl_agent.experience import ExperienceBank  # noqa: E402
 from crl_agent.experience.extractor import ANSWER_SYSTEM, DISTIL_SYSTEM, MERGE_SYSTEM  # noqa: E402
-from crl_agent.agents import EpisodeContext  # noqa: E402
 from crl_agent.rollout import CallableSlot, run_episode  # noqa: E402
 from tests.test_experience_manager import ScriptedLLM  # noqa: E402
 

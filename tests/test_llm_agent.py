@@ -10,10 +10,9 @@ import gymnasium as gym
 import pytest
 
 from crl_agent import prompts
-from crl_agent.agents import load_agent_class
+from crl_agent.agents import EpisodeContext, load_agent_class
 from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply, parse_action
 from crl_agent.llm import LLM, Completion, SamplingParams
-from crl_agent.agents import EpisodeContext
 from crl_agent.rollout import CallableSlot, run_episode
 
 SOKOBAN = "crl/Sokoban-6x6-2-v0"
