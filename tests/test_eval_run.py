@@ -193,6 +193,11 @@ def test_resume_after_kill_9_mid_run_loses_and_duplicates_nothing(tmp_path):
     records = [json.loads(x) for x in episodes.read_text().splitlines()]
     keys = [r["key"] for r in records]
     assert len(keys) == len(set(keys)) == 60
+    # the trajectories agree with episodes.jsonl: the same keys, each once (no torn or orphan member left)
+    from eval.trajectories import _read_members
+
+    members, _, torn = _read_members(out / "trajectories.jsonl.gz")
+    assert not torn and sorted(m["key"] for m in members) == sorted(keys)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tasks"]["crl/Sokoban-6x6-1-v0"]["success"] == 1.0
     assert summary["tasks"]["crl/Sokoban-6x6-2-v0"]["episodes"] == 30
