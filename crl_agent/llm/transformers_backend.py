@@ -169,7 +169,14 @@ class TransformersLLM(LLM):
         self._tok_lock = threading.RLock()
         if not self.tokenizer.chat_template:
             raise LLMError(f"{self.model_path} has no chat template; use an instruct/chat model")
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
+        config = transformers.AutoConfig.from_pretrained(self.model_path)
+        quant = getattr(config, "quantization_config", None)
+        if isinstance(quant, dict) and quant.get("quant_method") == "gguf" and not any(self.model_path.glob("*.gguf")):
+            # caches converted before the converter dropped it: the weights there are plain floats
+            del config.quantization_config
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            self.model_path, config=config, dtype=getattr(torch, dtype)
+        )
         self.model.to(device).eval()
         cfg_ctx = int(getattr(self.model.config, "max_position_embeddings", 0) or 4096)
         self.max_context = int(max_context or cfg_ctx)
