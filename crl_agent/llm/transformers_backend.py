@@ -62,6 +62,7 @@ from crl_agent.llm.base import (
     check_sampling_params,
 )
 from crl_agent.llm.batching import RequestBatcher
+from crl_agent.llm.chat_tokens import candidate_token_ids, find_end_of_turn, render_chat_ids
 from crl_agent.llm.hf_engine import ForwardEngine, GenRequest, ScoreOutput, ScoreRequest
 from crl_agent.llm.models import resolve_model_path
 from crl_agent.llm.prefix_cache import PrefixCache
@@ -70,7 +71,6 @@ _TRUNCATION_MARK = "[...] "
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ROLES = {"system", "user", "assistant", "tool"}
 _DTYPES = ("float32", "bfloat16", "float16")
-_EOT_PROBE = "crl-end-of-turn-probe"
 
 
 def _import_torch():
@@ -187,7 +187,10 @@ class TransformersLLM(LLM):
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids) if self.eos_ids else 0)
-        self.end_of_turn_ids = self._find_end_of_turn()
+        try:
+            self.end_of_turn_ids = find_end_of_turn(self.tokenizer, self.eos_ids)
+        except ValueError as e:
+            raise LLMError(f"{self.model_path}: {e}") from None
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.seed = seed
         self._rng = random.Random(seed)
@@ -204,6 +207,17 @@ class TransformersLLM(LLM):
         )
 
     # ------------------------------------------------------------------ public
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Token ids that end a generation (settable, e.g. to an empty set for fixed-length benchmarks)."""
+        return self._eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids) -> None:
+        self._eos_ids = frozenset(int(i) for i in ids)
+        if getattr(self, "_engine", None) is not None:
+            self._engine.eos_ids = self._eos_ids
+
     @property
     def batch_stats(self):
         """How many batches ran and their sizes."""
@@ -299,8 +313,7 @@ class TransformersLLM(LLM):
     def candidate_ids(self, text: str) -> list[int]:
         """The ids scored for candidate ``text``: its tokens on their own, then the end-of-turn token."""
         with self._tok_lock:
-            ids = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        return list(ids) + list(self.end_of_turn_ids)
+            return candidate_token_ids(self.tokenizer, text, self.end_of_turn_ids)
 
     async def update_weights(self, fn: Callable[[object], None]) -> int:
         """Run ``fn(model)`` on the worker thread between batches, then bump the policy version.
@@ -331,29 +344,10 @@ class TransformersLLM(LLM):
             out.append(int(t))
         return out
 
-    def _find_end_of_turn(self) -> list[int]:
-        """The token(s) the chat template puts after an assistant reply, up to the first end-of-sequence id."""
-        try:
-            with self._tok_lock:
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _EOT_PROBE}], tokenize=False
-                )
-            tail = text[text.rindex(_EOT_PROBE) + len(_EOT_PROBE):]
-            ids = self._encode(tail)
-        except Exception:  # noqa: BLE001 - templates may refuse this shape; fall back to the EOS token
-            ids = []
-        for j, t in enumerate(ids):
-            if t in self.eos_ids:
-                return ids[: j + 1]
-        if self.tokenizer.eos_token_id is not None:
-            return [int(self.tokenizer.eos_token_id)]
-        raise LLMError(f"{self.model_path}: cannot tell which token ends an assistant turn (no EOS token)")
-
     def render(self, messages: list[Message]) -> list[int]:
         """Token ids of the chat template applied to ``messages``, ready for the assistant's turn."""
         with self._tok_lock:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return render_chat_ids(self.tokenizer, messages)
 
     def fit_prompt(self, messages: list[Message], budget: int) -> list[int]:
         """Render ``messages`` within ``budget`` tokens, dropping the oldest turns first.
@@ -417,6 +411,15 @@ class TransformersLLM(LLM):
 
     def count_tokens(self, text: str) -> int:
         return len(self._encode(text))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain ``text`` (no special tokens added)."""
+        return self._encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``, special tokens included."""
+        with self._tok_lock:
+            return self.tokenizer.decode(ids)
 
     def token_strings(self, token_ids: list[int]) -> list[str]:
         """The text of each token on its own (for OpenAI-style ``logprobs.content``)."""
