@@ -21,8 +21,13 @@ from eval.results import EpisodeLog, episode_key
 HEADER = ["task", "episodes", "success % ± SE", "progress %", "mean actions", "tokens in/out", "errored"]
 
 
-def _pct(x: float) -> str:
-    return "n/a" if x != x else f"{100 * x:.1f}"
+def pct(x: float | None) -> str:
+    """A fraction as a percentage with one decimal, for every table of results (reports and leaderboards).
+
+    The one rule for missing values: NaN (a task with no episodes, or a standard error of nothing) and
+    ``None`` (NaN after a round trip through strict JSON) show as ``n/a``, never as ``nan`` or an error.
+    """
+    return "n/a" if x is None or x != x else f"{100 * x:.1f}"
 
 
 def _tokens(t: dict[str, Any]) -> str:
@@ -37,15 +42,15 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
             [
                 env_id,
                 str(t["episodes"]),
-                f"{_pct(t['success'])} ± {_pct(t['success_se'])}",
-                f"{_pct(t['progress'])}",
+                f"{pct(t['success'])} ± {pct(t['success_se'])}",
+                f"{pct(t['progress'])}",
                 f"{t['mean_actions']:.1f}" if t["episodes"] else "n/a",
                 _tokens(t),
                 str(t["errored"]),
             ]
         )
     m = summary["macro"]
-    out.append(["macro average", "", f"{_pct(m['success'])} ± {_pct(m['success_se'])}", _pct(m["progress"]), "", "",
+    out.append(["macro average", "", f"{pct(m['success'])} ± {pct(m['success_se'])}", pct(m["progress"]), "", "",
                 ""])
     return out
 

@@ -19,7 +19,7 @@ from eval.report import agent_label, load_run
 # Step fields the page shows in their own columns; the rest of a step's info is listed under "info".
 _SHOWN_INFO = {"admissible_actions", "valid_action", "success", "progress", "task"}
 # Full-mode token arrays are not shipped to the page (they are large); their lengths are.
-_TOKEN_FIELDS = ("prompt_token_ids", "token_ids", "logprobs", "candidate_token_ids")
+_TOKEN_FIELDS = ("prompt_token_ids", "token_ids", "logprobs", "candidate_token_ids", "calls")
 
 
 def load_trajectories(run_dir: Path) -> list[dict[str, Any]]:

@@ -129,7 +129,7 @@
           const sec = document.getElementById("step-" + t);
           sec.classList.add("current");
           cur = t;
-          if (scroll) sec.scrollIntoView({ block: t === 0 ? "end" : "start" });
+          if (scroll) sec.scrollIntoView({ block: "start" });
           V.replaceHash(V.link("episode", { run: run.id, task: env, seed: seed, sample: sample, step: t, q: q }));
         }
         list.addEventListener("click", function (e) {
