@@ -43,6 +43,7 @@ INDEX_HTML = """<!doctype html>
 <meta name="referrer" content="no-referrer">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="assets/view.css">
 </head>
 <body>
