@@ -3,14 +3,16 @@ from __future__ import annotations
 import asyncio
 import json
 
+import gymnasium as gym
 import pytest
 
 pytest.importorskip("hnswlib", reason="the crl agent needs the agent extra")
 
+from crl_agent.agents import EpisodeContext  # noqa: E402
 from crl_agent.agents.crl import EXPERIENCE_HEADER, CRLAgent  # noqa: E402
 from crl_agent.experience import ExperienceBank  # noqa: E402
 from crl_agent.experience.extractor import ANSWER_SYSTEM, DISTIL_SYSTEM, MERGE_SYSTEM  # noqa: E402
-from eval.run import LocalHandle, run_episode  # noqa: E402
+from crl_agent.rollout import CallableSlot, run_episode  # noqa: E402
 from tests.test_experience_manager import ScriptedLLM  # noqa: E402
 
 ENV = "crl/Sokoban-6x6-1-v0"
@@ -47,8 +49,8 @@ def make(tmp_path, script, **kw) -> CRLAgent:
 async def play(agent: CRLAgent, seeds, max_steps: int = 3):
     results = []
     for i, seed in enumerate(seeds):
-        env = LocalHandle(ENV, {"max_episode_steps": max_steps})
-        results.append(await run_episode(env, agent, ENV, seed, i))
+        env = gym.make(ENV, max_episode_steps=max_steps)
+        results.append(await run_episode(CallableSlot(env), agent, EpisodeContext(ENV, seed, i)))
         env.close()
     return results
 

@@ -10,10 +10,10 @@ import gymnasium as gym
 import pytest
 
 from crl_agent import prompts
-from crl_agent.agents import load_agent_class
+from crl_agent.agents import EpisodeContext, load_agent_class
 from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply, parse_action
 from crl_agent.llm import LLM, Completion, SamplingParams
-from eval.run import LocalHandle, run_episode
+from crl_agent.rollout import CallableSlot, run_episode
 
 SOKOBAN = "crl/Sokoban-6x6-2-v0"
 MOVES = ["up", "down", "left", "right"]
@@ -36,18 +36,11 @@ class ScriptedLLM(LLM):
         return {"backend": self.name, "model": "script"}
 
 
-class ShortHandle(LocalHandle):
-    """An in-process env with a short step limit, so episodes stay quick."""
-
-    def __init__(self, env_id: str, steps: int):
-        self.env = gym.make(env_id, max_episode_steps=steps)
-        self.has_solver = False
-
-
 def play(agent, env_id=SOKOBAN, steps=4, seeds=(0,)):
+    """Episodes of an in-process env with a short step limit, so they stay quick."""
     async def go():
-        return await asyncio.gather(*(run_episode(ShortHandle(env_id, steps), agent, env_id, s, i)
-                                      for i, s in enumerate(seeds)))
+        return await asyncio.gather(*(run_episode(CallableSlot(gym.make(env_id, max_episode_steps=steps)), agent,
+                                                  EpisodeContext(env_id, s, i)) for i, s in enumerate(seeds)))
 
     return asyncio.run(go())
 

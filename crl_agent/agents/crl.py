@@ -36,11 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crl_agent.agents.base import EpisodeContext, EpisodeResult
+from crl_agent.agents.base import EpisodeContext
 from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply
 from crl_agent.experience import ExperienceBank, ExperienceEntry, ExperienceManager, ManagerConfig, Trajectory
 from crl_agent.experience.retrieval import DiversityConfig
 from crl_agent.llm import LLM, make_llm
+from crl_agent.rollout import Episode
 
 _POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens")
 _SEARCH_RE = re.compile(r"<search>(.*?)(?:</search>|\Z)", re.DOTALL | re.IGNORECASE)
@@ -141,7 +142,7 @@ class CRLAgent(LLMAgent):
         k: entries shown at the start of an episode.
         max_tool_calls: searches allowed per episode.
         sync_experience: flush pending distillations before each episode's retrieval.
-        manager: extra :class:`~crl_agent.experience.ManagerConfig` fields, e.g. ``{"merge_every": 10}``.
+        manager_config: extra :class:`~crl_agent.experience.ManagerConfig` fields, e.g. ``{"merge_every": 10}``.
     """
 
     name = "crl"
@@ -162,7 +163,7 @@ class CRLAgent(LLMAgent):
         k: int = 4,
         max_tool_calls: int = 2,
         sync_experience: bool = False,
-        manager: dict[str, Any] | None = None,
+        manager_config: dict[str, Any] | None = None,
         llm: LLM | None = None,
         **kwargs: Any,
     ):
@@ -191,8 +192,8 @@ class CRLAgent(LLMAgent):
         try:
             super().__init__(seed=seed, model=model, backend=backend, max_tool_calls=max_tool_calls, llm=llm, **kwargs)
             if self.bank is not None:
-                self._start_experience(extractor, extractor_model, extractor_backend, backend, kwargs, manager, seed,
-                                       run_dir)
+                self._start_experience(extractor, extractor_model, extractor_backend, backend, kwargs, manager_config,
+                                       seed, run_dir)
         except BaseException:
             self._release_bank()
             raise
@@ -204,7 +205,7 @@ class CRLAgent(LLMAgent):
         extractor_backend: str | None,
         backend: str,
         kwargs: dict[str, Any],
-        manager: dict[str, Any] | None,
+        manager_config: dict[str, Any] | None,
         seed: int,
         run_dir: str | None,
     ) -> None:
@@ -218,7 +219,7 @@ class CRLAgent(LLMAgent):
             self._owns_extractor = True
         else:
             self.extractor = self.llm  # one loaded model plays both roles
-        cfg = dict(manager or {})
+        cfg = dict(manager_config or {})
         if isinstance(cfg.get("diversity"), dict):
             cfg["diversity"] = DiversityConfig(**cfg["diversity"])
         log_dir = Path(run_dir) if run_dir is not None else self.bank_path
@@ -238,23 +239,23 @@ class CRLAgent(LLMAgent):
         self._policies[id(ctx)] = (ctx, policy)
         return policy
 
-    def on_episode_end(self, ctx: EpisodeContext, result: EpisodeResult) -> None:
+    def on_episode_end(self, ctx: EpisodeContext, episode: Episode) -> None:
         _, policy = self._policies.pop(id(ctx), (None, None))
         if policy is None:
             return
-        result.extra.update(search_time_s=policy.search_s, searches=policy.tool_calls,
-                            experience_shown=len(policy.shown))
+        episode.extra.update(search_time_s=policy.search_s, searches=policy.tool_calls,
+                             experience_shown=len(policy.shown))
         if self.manager is None or self.bank is None:
             return
-        result.extra["bank_entries"] = len(self.bank)
-        if result.error is not None:
+        episode.extra["bank_entries"] = len(self.bank)
+        if episode.error is not None:
             return  # an env crash or timeout says nothing about the experience
-        episode = f"{ctx.env_id}#{ctx.seed}"
+        key = episode.key
         guided = policy.guided_by()
-        self.manager.record_outcome(episode, guided, result.success, policy.ask_calls)
-        steps = [(t.observation, t.action) for t in policy.turns]
-        traj = Trajectory(id=f"{episode}@{self.manager.run_tag}", task=ctx.env_id, goal=policy.goal, steps=steps,
-                          success=result.success, progress=result.progress, retrieved=guided)
+        self.manager.record_outcome(key, guided, episode.success, policy.ask_calls)
+        traj = Trajectory(id=f"{key}@{self.manager.run_tag}", task=ctx.env_id, goal=policy.goal or episode.task,
+                          steps=[(s.observation, s.action) for s in episode.steps], success=episode.success,
+                          progress=episode.progress, retrieved=guided, final_observation=episode.final_observation)
         self.manager.submit(traj)
 
     def config(self) -> dict[str, Any]:
@@ -266,7 +267,7 @@ class CRLAgent(LLMAgent):
             "extractor": "actor" if self.extractor is self.llm else (self.extractor.config() if self.extractor else None),
             "embedder": self.embedder_spec if self.experience == "on" else None,
             "k": self.k,
-            "max_searches": self.max_tool_calls,
+            "max_tool_calls": self.max_tool_calls,
             "sync_experience": self.sync_experience,
         }
         if self.manager is not None:

@@ -130,6 +130,7 @@ class Turn:
     messages: list[Message]
     completions: list[Completion] = field(default_factory=list)
     history_tokens: int = 0
+    trace: dict[str, Any] = field(default_factory=dict)  # subclass additions (experience shown, searches, scores)
 
 
 class LLMPolicy(Policy):
@@ -186,7 +187,10 @@ class LLMPolicy(Policy):
                 *scratch]
 
     def _params(self) -> SamplingParams:
-        key = f"{self.agent.seed}:{self.ctx.env_id}:{self.ctx.seed}:{self.llm_calls}".encode()
+        key = f"{self.agent.seed}:{self.ctx.env_id}:{self.ctx.seed}:{self.llm_calls}"
+        if self.ctx.sample:  # sample 0 keeps the seeds of runs recorded before samples existed
+            key += f":s{self.ctx.sample}"
+        key = key.encode()
         return SamplingParams(
             max_tokens=self.agent.max_tokens,
             temperature=self.agent.temperature,
@@ -236,6 +240,24 @@ class LLMPolicy(Policy):
         hist_tokens = self.agent.llm.count_tokens(reply) + self.agent.llm.count_tokens(obs) + 16
         self.turns.append(Turn(obs, reply, action, parsed.method, messages, completions, hist_tokens))
         return action
+
+    def turn_trace(self) -> dict[str, Any] | None:
+        """The last turn as the trajectory records it (see :mod:`eval.trajectories` for the fields)."""
+        if not self.turns:
+            return None
+        turn = self.turns[-1]
+        trace: dict[str, Any] = {"messages": turn.messages, "reply": turn.reply, "method": turn.method}
+        if turn.completions:
+            last = turn.completions[-1]
+            trace["policy_version"] = getattr(last, "policy_version", 0)
+            trace["prompt_token_ids"] = last.prompt_token_ids or []
+            trace["token_ids"] = last.token_ids
+            trace["logprobs"] = last.logprobs
+            if len(turn.completions) > 1:  # tool calls: every model call of the turn, in order
+                trace["calls"] = [{"text": c.text, "prompt_token_ids": c.prompt_token_ids or [],
+                                   "token_ids": c.token_ids, "logprobs": c.logprobs} for c in turn.completions]
+        trace.update(turn.trace)
+        return trace
 
     def usage(self) -> dict[str, int]:
         return {
