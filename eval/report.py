@@ -16,18 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eval.fmt import pct
 from eval.results import EpisodeLog, episode_key
 
 HEADER = ["task", "episodes", "success % ± SE", "progress %", "mean actions", "tokens in/out", "errored"]
-
-
-def pct(x: float | None) -> str:
-    """A fraction as a percentage with one decimal, for every table of results (reports and leaderboards).
-
-    The one rule for missing values: NaN (a task with no episodes, or a standard error of nothing) and
-    ``None`` (NaN after a round trip through strict JSON) show as ``n/a``, never as ``nan`` or an error.
-    """
-    return "n/a" if x is None or x != x else f"{100 * x:.1f}"
 
 
 def _tokens(t: dict[str, Any]) -> str:

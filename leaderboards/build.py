@@ -14,7 +14,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from eval.report import pct
+from eval.fmt import pct
 from leaderboards.schema import SubmissionError, load_submission
 
 ROOT = Path(__file__).resolve().parent

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from eval.report import pct
+from eval.fmt import pct
+from eval.trajectories import load_trajectories
 from eval.view import build_site
 from eval.view import site as site_mod
 from eval.view.__main__ import main as view_main
-from eval.view.data import load_trajectories
 from tests import view_fixtures as F
 
 

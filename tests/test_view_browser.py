@@ -11,6 +11,8 @@ import http.server
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,8 +22,8 @@ import pytest
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
 pytest.importorskip("pytest_playwright", reason="pytest-playwright is not installed (pip install -e '.[test]')")
 
+from eval.trajectories import load_trajectories  # noqa: E402
 from eval.view import build_site  # noqa: E402
-from eval.view.data import load_trajectories  # noqa: E402
 from tests import view_fixtures as F  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -38,11 +40,19 @@ def browser_type_launch_args(browser_type_launch_args, tmp_path_factory):
     return {**browser_type_launch_args, "executable_path": CHROMIUM, "env": env}
 
 
+def _eval_run(agent: str, out: Path) -> Path:
+    """A real run of ``agent`` on 6 Sokoban seeds (eval.run writes the trajectories the viewer reads)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "eval.run", "--agent", agent, "--tasks", F.SOKOBAN, "--episodes", "6",
+                    "--out", str(out), "--quiet"], check=True, cwd=root, env=env, capture_output=True, timeout=300)
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
-    rand, orac = F.sokoban_runs(root, episodes=6)
-    return {"random": rand, "oracle": orac,
+    return {"random": _eval_run("random", root / "random"), "oracle": _eval_run("oracle", root / "oracle"),
             "llm": F.write_run(root / "llm", F.llm_run_records(range(3)), {"name": "llm", "llm": {"model": "tiny"}}),
             "hostile": F.write_run(root / "hostile", F.hostile_records(), {"name": "llm"})}
 

@@ -1,6 +1,6 @@
 """Run folders for the viewer's tests and benchmark, in the exact on-disk formats of eval.run.
 
-``episodes.jsonl`` (one summary line per episode), ``summary.json`` (schema 1.1) and
+``episodes.jsonl`` (one summary line per episode), ``summary.json`` (schema 1.2) and
 ``trajectories.jsonl.gz`` (trajectory schema 1.0: gzip, one member per episode line). Sokoban episodes are
 played for real (a seeded random policy, or the env's own oracle); LLM turns and hostile strings are made up.
 """
@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from eval.results import episode_key
+from crl_agent.rollout import episode_key
 
 SOKOBAN = "crl/Sokoban-6x6-2-v0"
 
@@ -143,7 +143,7 @@ def write_run(folder: Path, records: list[dict[str, Any]], agent: dict[str, Any]
     with (folder / "episodes.jsonl").open("w", encoding="utf-8") as f:
         for r in records:
             line = {"env_id": r["env_id"], "seed": r["seed"], **r["summary"], "sample": r["sample"],
-                    "key": episode_key(r["env_id"], r["seed"])}
+                    "key": episode_key(r["env_id"], r["seed"], r["sample"])}
             f.write(json.dumps(line) + "\n")
     if trajectories:
         with (folder / "trajectories.jsonl.gz").open("wb") as f:
@@ -166,15 +166,16 @@ def write_run(folder: Path, records: list[dict[str, Any]], agent: dict[str, Any]
     per = list(tasks.values())
     seeds = sorted({r["seed"] for r in records})
     summary = {
-        "schema_version": "1.1", "package_version": "0.1.0", "git_sha": None, "created": "2026-12-03T12:00:00Z",
+        "schema_version": "1.2", "package_version": "0.1.0", "git_sha": None, "created": "2026-12-03T12:00:00Z",
         "python": "3.11", "agent": agent,
-        "run": {"tasks": ",".join(env_ids), "env_ids": env_ids, "episodes": len(seeds), "seed": seed},
+        "run": {"tasks": ",".join(env_ids), "env_ids": env_ids, "episodes": len(seeds), "seed": seed,
+                "samples": 1 + max(r["sample"] for r in records), "trajectories": "text" if trajectories else "none"},
         "tasks": tasks,
         "macro": {"success": sum(t["success"] for t in per) / len(per),
                   "success_se": math.sqrt(sum(t["success_se"] ** 2 for t in per)) / len(per),
                   "progress": sum(t["progress"] for t in per) / len(per), "tasks": len(per)},
-        "errors": [{"key": episode_key(r["env_id"], r["seed"]), "env_id": r["env_id"], "seed": r["seed"],
-                    "error": str(r["summary"]["error"]).splitlines()[0]} for r in records if r["summary"]["error"]],
+        "errors": [{"key": episode_key(r["env_id"], r["seed"], r["sample"]), "env_id": r["env_id"], "seed": r["seed"],
+                    "sample": r["sample"], "error": str(r["summary"]["error"]).splitlines()[0]} for r in records if r["summary"]["error"]],
     }
     (folder / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return folder

@@ -14,21 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# eval.results -> crl_agent.rollout -> crl_agent.agents -> crl_agent.rollout is a cycle unless the agents
+# package is imported first (as eval.run does); until that is untangled, import it first here too.
+import crl_agent.agents  # noqa: F401
 from eval.report import agent_label, load_run
+from eval.trajectories import load_trajectories
 
 # Step fields the page shows in their own columns; the rest of a step's info is listed under "info".
 _SHOWN_INFO = {"admissible_actions", "valid_action", "success", "progress", "task"}
 # Full-mode token arrays are not shipped to the page (they are large); their lengths are.
 _TOKEN_FIELDS = ("prompt_token_ids", "token_ids", "logprobs", "candidate_token_ids", "calls")
-
-
-def load_trajectories(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's trajectory records (newest per key); ``[]`` for a run written without them."""
-    try:
-        from eval.trajectories import load_trajectories as lead_loader
-    except ImportError:
-        from eval.view._reader import read_trajectories as lead_loader
-    return lead_loader(run_dir)
 
 
 def num(x: Any) -> float | int | None:
@@ -190,9 +185,14 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
     for r in records:
         if isinstance(r, dict) and isinstance(r.get("env_id"), str):
             by_key[(r["env_id"], r.get("seed"), _sample(r))] = r
-    # A trajectory whose summary line is missing (a kill between the two writes) still counts as an episode.
+    # A trajectory whose summary line is missing (a kill between the two writes) still counts as an episode,
+    # if it is one the summary is about (load_run leaves out records of other seeds, and so does this).
+    run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
+    first, count = run.get("seed"), run.get("episodes")
     for k, t in trajs.items():
-        if k not in by_key and isinstance(t.get("summary"), dict):
+        in_run = k[0] in summary["tasks"] and (not isinstance(first, int) or not isinstance(count, int)
+                                                or (isinstance(k[1], int) and first <= k[1] < first + count))
+        if k not in by_key and in_run and isinstance(t.get("summary"), dict):
             by_key[k] = {**t["summary"], "env_id": k[0], "seed": k[1], "sample": k[2]}
     tasks = list(summary["tasks"]) + sorted({k[0] for k in by_key} - set(summary["tasks"]))
     task_idx = {e: i for i, e in enumerate(tasks)}

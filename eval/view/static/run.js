@@ -37,10 +37,11 @@
       V.el("a", { className: "button", href: V.link("episodes", { run: run.id }) }, "Episodes (" + run.episodes + ")"),
       run.trajectories ? null : V.el("span", { className: "note" }, " This run has no trajectories: summaries only."),
       V.site().runs.length > 1 ? V.el("a", { className: "button", href: V.link("compare", { a: run.id }) }, "Compare with another run") : null));
-    const head = ["task", "episodes", "success % ± SE", "progress % ± SE", "mean actions", "invalid", "tokens in / out",
-      "search time s", "errored"];
-    const body = V.el("tbody");
     const tasks = s.tasks || {};
+    const passK = Object.keys(tasks).some(function (e) { return tasks[e].pass_at_k && Object.keys(tasks[e].pass_at_k).length; });
+    const head = ["task", "episodes", "success % ± SE", "progress % ± SE", "mean actions", "invalid", "tokens in / out",
+      "search time s", "errored"].concat(passK ? ["pass@k %"] : []);
+    const body = V.el("tbody");
     for (const env of Object.keys(tasks)) {
       const t = tasks[env], extra = t.extra || {};
       body.appendChild(V.el("tr", null,
@@ -50,11 +51,14 @@
         V.el("td", { className: "num" }, V.fmt(t.mean_actions, 1)), V.el("td", { className: "num" }, V.fmt(t.mean_invalid_actions, 1)),
         V.el("td", { className: "num" }, V.fmt(t.mean_tokens_in, 0) + " / " + V.fmt(t.mean_tokens_out, 0)),
         V.el("td", { className: "num" }, extra.search_time_s === undefined ? "–" : V.fmt(extra.search_time_s, 3)),
-        V.el("td", { className: "num" }, t.errored)));
+        V.el("td", { className: "num" }, t.errored),
+        passK ? V.el("td", { className: "num" }, Object.keys(t.pass_at_k || {}).map(function (k) {
+          return "@" + k + " " + V.pct(t.pass_at_k[k]);
+        }).join(" · ") || "–") : null));
     }
     body.appendChild(V.el("tr", { className: "macro" }, V.el("td", null, "macro average (" + (m.tasks || 0) + " tasks)"), V.el("td"),
       V.el("td", { className: "num" }, V.pct(m.success) + " ± " + V.pct(m.success_se)), V.el("td", { className: "num" }, V.pct(m.progress)),
-      V.el("td"), V.el("td"), V.el("td"), V.el("td"), V.el("td")));
+      V.el("td"), V.el("td"), V.el("td"), V.el("td"), V.el("td"), passK ? V.el("td") : null));
     root.appendChild(V.el("table", { className: "grid" }, V.el("thead", null, V.el("tr", null, head.map(function (h) { return V.el("th", null, h); }))), body));
     root.appendChild(V.el("h2", null, "Success per task"));
     root.appendChild(chart(tasks));
