@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
 pytest.importorskip("pytest_playwright", reason="pytest-playwright is not installed (pip install -e '.[test]')")
@@ -102,9 +103,16 @@ def test_leaderboard_sorts_filters_and_opens_a_run(watched, runs, tmp_path, outp
     sub = shutil.copytree(runs["oracle"], subs / "2026-12-04_oracle-steps")
     (sub / "metadata.yaml").write_text("name: oracle with steps\nmodel: none\nagent: oracle\ndate: '2026-12-04'\n"
                                        "url: ''\nverified: false\n")
+    hostile = shutil.copytree(runs["random"], subs / "2026-12-05_hostile")
+    (hostile / "metadata.yaml").write_text(yaml.safe_dump({
+        "name": F.HOSTILE[0], "model": F.HOSTILE[1], "agent": F.HOSTILE[2], "date": F.HOSTILE[3], "url": "",
+        "verified": True}))
+    page.add_init_script("window.__pwned = undefined;")
     board = tmp_path / "board"
     assert board_main(["--submissions", str(subs), "--out", str(tmp_path / "b.md"), "--html", str(board)]) == 0
     _open(page, board)
+    custom = page.locator("section.board", has_text="custom: crl/Sokoban-6x6-2-v0").first.inner_text()
+    assert all(h in custom for h in F.HOSTILE[:4]) and page.evaluate("window.__pwned") is None
     table = page.locator("section.board", has_text="task set 6").locator("table")
     names = table.locator("tbody tr td:nth-child(2) a.run-link")
     assert names.first.inner_text().startswith("oracle baseline")
@@ -115,6 +123,8 @@ def test_leaderboard_sorts_filters_and_opens_a_run(watched, runs, tmp_path, outp
     assert "sort=macro" in page.evaluate("location.hash")
     page.select_option("#filter-agent", "random")
     assert page.locator("tr.entry").count() == 2 and page.locator("tr.entry[data-agent=random]").count() == 2
+    page.select_option("#filter-agent", F.HOSTILE[2])
+    assert page.locator("tr.entry").count() == 1 and page.evaluate("window.__pwned") is None
     page.select_option("#filter-agent", "")
     before = page.locator("tr.entry").count()
     page.check("#filter-verified")
