@@ -231,6 +231,26 @@ async def run_episode(
     return ep
 
 
+class PoolSlot:
+    """One slot of an env pool (``crl_envs.pool.make_pool``: inline, process or Ray) as an :class:`EnvSlot`."""
+
+    def __init__(self, pool: Any, slot: int):
+        self.pool, self.slot = pool, slot
+
+    async def reset(self, seed: int):
+        return await self.pool.reset(self.slot, seed=seed)
+
+    async def step(self, action: str):
+        return await self.pool.step(self.slot, action)
+
+    def oracle(self) -> Callable[[], Awaitable[str]]:
+        """The env's solver action for the current state, as the oracle agent's ``ctx.oracle``."""
+        async def act() -> str:
+            return await self.pool.call(self.slot, "oracle_action")
+
+        return act
+
+
 class CallableSlot:
     """Adapts a plain (synchronous) Gymnasium env to :class:`EnvSlot` for scripts and tests.
 

@@ -29,9 +29,9 @@ import gymnasium as gym
 from tqdm import tqdm
 
 from crl_agent.agents import BUILTIN, Agent, EpisodeContext, load_agent_class
-from crl_agent.rollout import Episode, episode_key, run_episode
-from crl_envs.core import TextEnv
-from crl_envs.pool import BACKENDS, EnvPool, make_pool
+from crl_agent.rollout import Episode, PoolSlot, episode_key, run_episode
+from crl_envs.pool import make_pool
+from crl_envs.registry import has_solver
 from eval import report, trajectories
 from eval.recorder import RunRecorder
 from eval.results import EpisodeLog, json_default, summarize, write_json
@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="env worker processes per task; 0 runs envs in this process (default: 0)",
     )
-    p.add_argument("--env-backend", choices=BACKENDS, default="process", help="where pooled envs run (default: process)")
+    p.add_argument("--env-backend", choices=("process", "ray"), default="process",
+                   help="where envs run when --num-workers > 0 (default: process); with 0 they run in this process, "
+                        "each on its own thread")
     p.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung env step errors (default: 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or table")
     p.add_argument("--max-steps", type=int, default=None,
@@ -84,50 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _has_solver(env: gym.Env) -> bool:
-    impl = getattr(type(env.unwrapped), "oracle_action", None)
-    return impl is not None and impl is not TextEnv.oracle_action
-
-
-class LocalHandle:
-    """An env in this process, behind the same async calls as a pool slot."""
-
-    def __init__(self, env_id: str, make_kwargs: dict[str, Any] | None = None):
-        self.env = gym.make(env_id, **(make_kwargs or {}))
-        self.has_solver = _has_solver(self.env)
-
-    async def reset(self, seed: int):
-        return self.env.reset(seed=seed)
-
-    async def step(self, action: str):
-        return self.env.step(action)
-
-    async def oracle(self) -> str:
-        return self.env.unwrapped.oracle_action()
-
-    def close(self) -> None:
-        self.env.close()
-
-
-class PoolHandle:
-    """One slot of an :class:`~crl_envs.pool.EnvPool`."""
-
-    def __init__(self, pool: EnvPool, slot: int, has_solver: bool):
-        self.pool, self.slot, self.has_solver = pool, slot, has_solver
-
-    async def reset(self, seed: int):
-        return await self.pool.reset(self.slot, seed=seed)
-
-    async def step(self, action: str):
-        return await self.pool.step(self.slot, action)
-
-    async def oracle(self) -> str:
-        return await self.pool.call(self.slot, "oracle_action")
-
-    def close(self) -> None:
-        pass
-
-
 @dataclass
 class TaskRun:
     """One task of a run: which episodes to play and how.
@@ -136,8 +94,8 @@ class TaskRun:
         env_id: the Gymnasium id.
         episodes: ``(index, seed, sample)`` of each episode to play.
         concurrency: episodes in flight (one env each).
-        num_workers: env worker processes (0: envs in this process).
-        backend: where pooled envs run (``process`` or ``ray``).
+        num_workers: env worker processes (0: envs in this process, each slot on its own thread).
+        backend: where pooled envs run when ``num_workers > 0`` (``process`` or ``ray``).
         step_timeout: seconds before a hung pooled call errors.
         make_kwargs: extra ``gym.make`` kwargs (the step cap).
         record_fields: added to every episode record (the configuration ``--resume`` checks).
@@ -161,41 +119,23 @@ async def run_task(task: TaskRun, agent: Agent, recorder: RunRecorder) -> list[d
     """Play ``task``'s episodes with ``concurrency`` envs and record each as it ends; returns the records."""
     env_id = task.env_id
     n_envs = max(1, min(task.concurrency, len(task.episodes)))
-    pool = None
-    made: list[LocalHandle | PoolHandle] = []
-    timeout = task.step_timeout
-
-    def release() -> None:
-        for h in made:
-            h.close()
-        if pool is not None:
-            pool.close()
-
-    try:
-        if task.num_workers > 0:
-            probe = gym.make(env_id, **task.make_kwargs)
-            has_solver = _has_solver(probe)
-            longest = getattr(probe.unwrapped, "step_time_limit_s", None)
-            probe.close()
-            if longest:  # e.g. SWE grading inside submit: never kill a worker for a legitimately long step
-                timeout = max(timeout, float(longest) + 30.0)
-            pool = make_pool([(env_id, task.make_kwargs)] * n_envs, task.backend, num_workers=task.num_workers,
-                             timeout=timeout)
-            await pool.start()
-            made += [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
-        else:
-            for _ in range(n_envs):  # one by one, so those made before a failure are closed
-                made.append(LocalHandle(env_id, task.make_kwargs))
-    except Exception as e:  # noqa: BLE001 - e.g. official data missing: one clear message, not a traceback
-        release()
-        raise TaskSetError(f"{env_id}: cannot create the env: {type(e).__name__}: {e}") from e
-    if getattr(agent, "needs_solver", False) and not made[0].has_solver:
-        release()
+    if getattr(agent, "needs_solver", False) and not has_solver(env_id):
         raise TaskSetError(f"{env_id} has no solver (no oracle_action), so the {agent.name} agent cannot play it; "
                            "leave it out of --tasks or use another agent")
+    backend = task.backend if task.num_workers > 0 else "inline"
+    pool = None
+    try:
+        pool = make_pool([(env_id, task.make_kwargs)] * n_envs, backend, num_workers=task.num_workers or None,
+                         timeout=task.step_timeout)
+        await pool.start()
+    except Exception as e:  # noqa: BLE001 - e.g. official data missing: one clear message, not a traceback
+        if pool is not None:
+            pool.close()
+        raise TaskSetError(f"{env_id}: cannot create the env: {type(e).__name__}: {e}") from e
+    solver = has_solver(env_id)
     envs: asyncio.Queue = asyncio.Queue()
-    for h in made:
-        envs.put_nowait(h)
+    for i in range(n_envs):
+        envs.put_nowait(PoolSlot(pool, i))
     cap = task.make_kwargs.get("max_episode_steps") or gym.spec(env_id).max_episode_steps or 100
     # The bar counts episodes but moves a little at every step, so slow (LLM) episodes show progress.
     bar = tqdm(total=len(task.episodes), desc=env_id, disable=task.quiet, unit="ep", leave=True,
@@ -212,7 +152,7 @@ async def run_task(task: TaskRun, agent: Agent, recorder: RunRecorder) -> list[d
                 bar.update(1.0 / cap)
                 moved += 1.0 / cap
 
-        ctx = EpisodeContext(env_id, seed, index, sample=sample, oracle=env.oracle if env.has_solver else None)
+        ctx = EpisodeContext(env_id, seed, index, sample=sample, oracle=env.oracle() if solver else None)
         try:
             episode: Episode = await run_episode(env, agent, ctx, on_step=None if task.quiet else on_step)
         finally:
@@ -225,7 +165,7 @@ async def run_task(task: TaskRun, agent: Agent, recorder: RunRecorder) -> list[d
         await asyncio.gather(*(one(i, s, k) for i, s, k in task.episodes))
     finally:
         bar.close()
-        release()
+        pool.close()
     return records
 
 

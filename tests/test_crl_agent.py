@@ -43,6 +43,8 @@ class Script:
 
 def make(tmp_path, script, **kw) -> CRLAgent:
     kw.setdefault("run_dir", str(tmp_path / "run"))
+    kw.setdefault("action_mode", "generate")  # these pin the generation path; test_score_mode covers scoring
+    kw.setdefault("history_style", "full")
     return CRLAgent(llm=ScriptedLLM(script), embedder="hash", **kw)
 
 
@@ -146,7 +148,7 @@ def test_bad_options_are_refused_with_the_fix(tmp_path):
 
 
 def test_without_a_run_dir_the_bank_is_temporary(tmp_path):
-    agent = CRLAgent(llm=ScriptedLLM(Script()), embedder="hash")
+    agent = CRLAgent(llm=ScriptedLLM(Script()), embedder="hash", action_mode="generate")
     path = agent.bank_path
     assert path.exists() and agent.config()["bank"] is None
     asyncio.run(agent.aclose())

@@ -249,3 +249,55 @@ def test_validate_names_the_broken_field():
         trajectories.validate_record(rec)
     with pytest.raises(trajectories.TrajectoryError, match="lacks 'steps'"):
         trajectories.validate_record({k: v for k, v in rec.items() if k != "steps"})
+
+
+class SleepyEnv(TextEnv):
+    """Its one step takes 2 s (an SWE grade, an ALFWorld game generation)."""
+
+    family = "Sleepy"
+
+    def _reset_task(self, options):
+        return "wait", {"task": "wait"}
+
+    def _apply(self, action):
+        import time
+
+        time.sleep(2.0)
+        return StepOutcome(obs="done", reward=1.0, terminated=True, success=True, progress=1.0)
+
+    def _admissible_actions(self):
+        return ["wait"]
+
+
+if "test/Sleepy-v0" not in gym.registry:
+    gym.register("test/Sleepy-v0", entry_point="tests.test_trajectories:SleepyEnv", max_episode_steps=2)
+
+
+class _Clock(Policy):
+    def __init__(self, agent, env_id):
+        self.agent, self.env_id = agent, env_id
+
+    async def act(self, obs, info):
+        import time
+
+        self.agent.acts.append((self.env_id, time.monotonic()))
+        return info["admissible_actions"][0]
+
+
+class ClockAgent(Agent):
+    """Records when each env's policy acted."""
+
+    name = "clock"
+    acts: list = []
+
+    def make_policy(self, ctx):
+        return _Clock(ClockAgent, ctx.env_id)
+
+
+def test_inline_envs_run_off_the_loop_so_a_slow_step_never_freezes_another_task(tmp_path):
+    ClockAgent.acts = []
+    _run(tmp_path, "--agent", "tests.test_trajectories:ClockAgent", "--tasks", f"test/Sleepy-v0,{SOKOBAN}",
+         "--episodes", "1", "--max-steps", "400")
+    sleepy_start = next(t for e, t in ClockAgent.acts if e == "test/Sleepy-v0")
+    during = [t for e, t in ClockAgent.acts if e == SOKOBAN and sleepy_start < t < sleepy_start + 1.8]
+    assert len(during) > 20, "the other task's steps went on while the slow step ran"

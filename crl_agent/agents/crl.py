@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,17 @@ from crl_agent.agents.base import EpisodeContext
 from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply
 from crl_agent.experience import ExperienceBank, ExperienceEntry, ExperienceManager, ManagerConfig, Trajectory
 from crl_agent.experience.retrieval import DiversityConfig
-from crl_agent.llm import LLM, make_llm
+from crl_agent.llm import LLM, Message, make_llm
 from crl_agent.rollout import Episode
 
-_POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens")
+_POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens", "history_style", "action_mode",
+                   "score_norm")
 _SEARCH_RE = re.compile(r"<search>(.*?)(?:</search>|\Z)", re.DOTALL | re.IGNORECASE)
 _ACTION_OPEN_RE = re.compile(r"<action>", re.IGNORECASE)
 
 EXPERIENCE_HEADER = "Lessons from past episodes of this task (apply them when they fit the situation):"
+SEARCH_CANDIDATE = "<search>"
+SEARCH_QUESTION = "Write your question for the experience bank in one short sentence, and nothing else."
 SEARCH_HELP = (
     "If you are unsure what to do, you may ask the experience bank instead of acting, at most {n} times per "
     "episode: write <search>your question</search> and nothing else. The answer comes back before you act."
@@ -71,6 +75,7 @@ class CRLPolicy(LLMPolicy):
         self.searched: list[ExperienceEntry] = []
         self.ask_calls: list[str] = []
         self.search_s = 0.0
+        self.search_log: list[dict[str, str]] = []  # this turn's searches, for its trace
 
     async def system_prompt(self, obs: str, info: dict[str, Any]) -> str:
         base = await super().system_prompt(obs, info)
@@ -113,10 +118,36 @@ class CRLPolicy(LLMPolicy):
         self.searched.extend(e for e in res.entries if e.id not in {s.id for s in self.searched})
         if res.call_id:
             self.ask_calls.append(res.call_id)
+        self.search_log.append({"question": question, "answer": res.answer})
         return (
             f"Search result (advice from past experience; the environment has not changed): {res.answer}\n"
             "Now answer with your next action inside <action>...</action>."
         )
+
+    def score_tools(self, info: dict[str, Any]) -> list[str]:
+        """In score mode, searching is one more candidate while searches are left and the bank knows the task."""
+        if (self.agent.manager is None or self.agent.bank is None or self.tool_calls >= self.agent.max_tool_calls
+                or not self.agent.bank.ids(self.ctx.env_id)):
+            return []
+        return [SEARCH_CANDIDATE]
+
+    async def on_score_tool(self, candidate: str, messages: list[Message], info: dict[str, Any]) -> list[Message]:
+        """The model chose to search: it writes its question, the bank answers, and it scores again."""
+        params = replace(self._params(), max_tokens=48, stop=("\n",))
+        completion = await self._complete([*messages, {"role": "user", "content": SEARCH_QUESTION}], params)
+        question = completion.text.strip()[:500] or self.goal
+        answer = await self.on_tool(ParsedReply(None, "none", tool="search", argument=question), info)
+        return [{"role": "assistant", "content": f"<search>{question}</search>"}, {"role": "user", "content": answer}]
+
+    def turn_trace(self) -> dict[str, Any] | None:
+        trace = super().turn_trace()
+        if trace is None:
+            return None
+        if len(self.turns) == 1 and self.shown:
+            trace["experience_shown"] = [{"id": e.id, "title": e.title, "content": e.content} for e in self.shown]
+        if self.search_log:
+            trace["searches"], self.search_log = self.search_log, []
+        return trace
 
     def guided_by(self) -> list[ExperienceEntry]:
         """Every entry this episode saw (at the start or through search), once."""
