@@ -185,3 +185,32 @@ def test_a_submission_url_must_be_a_web_address(tmp_path, url):
     (sub / "metadata.yaml").write_text(re.sub(r"url: .*", f"url: '{url}'", meta))
     with pytest.raises(SubmissionError, match="url: .* is not an http"):
         load_submission(sub)
+
+
+def test_samples_of_one_seed_are_separate_episodes(tmp_path):
+    recs = []
+    for sample in range(2):
+        r = F.play_sokoban(0, "random", rng_seed=sample)
+        r.update(sample=sample, key=f"{r['env_id']}#0#{sample}")
+        recs.append(r)
+    run = F.write_run(tmp_path / "k2", recs, {"name": "random"})
+    out = tmp_path / "site"
+    build_site(out, [run])
+    rows = _data(out / "data" / "k2" / "index.js")[1]["rows"]
+    assert [(r[1], r[2]) for r in rows] == [(0, 0), (0, 1)]
+    assert rows[0][-1] != rows[1][-1]
+
+
+def test_malformed_trajectory_fields_become_text_not_a_crash(tmp_path):
+    rec = F.play_sokoban(0, "random", max_steps=3)
+    rec["steps"] += ["not a step", {"observation": None, "action": 7, "reward": "x", "turn": "odd",
+                                    "info": ["not", "a", "dict"], "admissible_actions": [1, None]}]
+    rec["steps"][0]["reward"] = float("nan")
+    rec["task"] = None
+    run = F.write_run(tmp_path / "odd", [rec], {"name": "random"})
+    out = tmp_path / "site"
+    build_site(out, [run])
+    ep = _data(out / "data" / "odd" / "traj-0.js")[1][0]
+    assert ep["steps"][0][2] is None  # NaN reward: null, not an invalid JSON literal
+    odd = ep["steps"][-1]
+    assert odd[:3] == ["", "7", None] and odd[10] is None and ep["adm"][odd[8]] == ["1", ""]
