@@ -55,11 +55,12 @@
     const turn = s.turn || {};
     const hay = q ? (s.observation + "\n" + s.action + "\n" + (turn.reply || "")).toLowerCase() : "";
     const sec = V.el("section", { className: "step" + (q && hay.includes(q) ? " match" : ""), id: "step-" + t, dataset: { t: t } },
-      V.el("div", { className: "step-head" }, V.el("a", { className: "t", href: "#" }, "step " + t), " ",
-        V.el("span", { className: "label" }, "action"), " ", V.el("code", { className: "action" }, s.action), " ", flags,
-        V.el("span", { className: "spacer" }), V.el("span", { className: "kv" }, "reward " + V.fmt(s.reward)),
-        V.el("span", { className: "kv" }, "progress " + V.fmt(s.progress))),
-      V.pre(s.observation, "text observation"));
+      V.el("div", { className: "step-head" }, V.el("a", { className: "t", href: "#" }, "step " + t), " ", flags,
+        V.el("span", { className: "spacer" }), V.el("span", { className: "kv", title: "after the action" }, "reward " + V.fmt(s.reward)),
+        V.el("span", { className: "kv", title: "after the action" }, "progress " + V.fmt(s.progress))),
+      // Read top to bottom: what the agent saw, then what it did.
+      V.pre(s.observation, "text observation"),
+      V.el("div", { className: "act" }, V.el("span", { className: "label" }, "→ action"), " ", V.el("code", { className: "action" }, s.action)));
     if (s.adm !== null && s.adm !== undefined && data.adm[s.adm]) {
       const adm = data.adm[s.adm];
       sec.appendChild(adm.length > 12 ? V.lazyDetails("admissible actions (" + adm.length + ")", function () { return V.el("div", { className: "adm" }, adm.join(" · ")); })
