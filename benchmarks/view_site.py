@@ -159,7 +159,7 @@ def main() -> int:
         tiny = F.big_run(tmp / "tiny", episodes=1, steps=args.steps)
         build_site(tmp / "tiny-site", [tiny])
         total, kinds, nfiles = site_size(tmp / "site")
-        print(f"run: {args.episodes} episodes x up to {args.steps} steps (fixture written in {t1 - t0:.1f} s)")
+        print(f"run: {args.episodes} episodes x {args.steps} steps (fixture written in {t1 - t0:.1f} s)")
         print(f"site build (python -m eval.view): {t2 - t1:.1f} s; {nfiles} files, {total / 1e6:.1f} MB "
               f"(largest {stats.largest / 1e6:.2f} MB); by kind: "
               + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))

@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import crl_agent.agents  # noqa: F401 - first, or crl_agent.rollout's import cycle fails (see eval/view/data.py)
 from crl_agent.rollout import episode_key
 
 SOKOBAN = "crl/Sokoban-6x6-2-v0"
@@ -197,7 +198,7 @@ def big_run(folder: Path, episodes: int = 5000, steps: int = 30, tasks: int = 5)
     recs = []
     for i in range(episodes):
         env_id = "crl/Sokoban-6x6-2-v0" if i % tasks == 0 else f"crl/Synthetic{i % tasks}-v0"
-        n = rng.randint(steps // 2, steps)
+        n = steps
         st = [{"t": t, "observation": board + f"Boxes on targets: {t % 3}/2. Episode {i} step {t} token{rng.random():.6f}.\n"
                "Actions: up, down, left, right", "admissible_actions": moves, "action": rng.choice(moves),
                "reward": 0.0, "valid_action": True, "terminated": t == n - 1, "truncated": False, "success": False,

@@ -27,7 +27,7 @@ from typing import Any
 
 from eval.view.data import INDEX_FIELDS, STEP_FIELDS, RunData
 
-CHUNK_BYTES = 512 * 1024
+CHUNK_BYTES = 256 * 1024
 SEARCH_CHUNK_BYTES = 2 * 1024 * 1024
 MARKER = ".crl-view-site"
 APP_SCRIPTS = ("core.js", "leaderboard.js", "run.js", "episodes.js", "episode.js", "compare.js", "main.js")
