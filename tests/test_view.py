@@ -214,3 +214,13 @@ def test_malformed_trajectory_fields_become_text_not_a_crash(tmp_path):
     assert ep["steps"][0][2] is None  # NaN reward: null, not an invalid JSON literal
     odd = ep["steps"][-1]
     assert odd[:3] == ["", "7", None] and odd[10] is None and ep["adm"][odd[8]] == ["1", ""]
+
+
+def test_a_folder_of_runs_shows_every_run_in_it(runs, tmp_path):
+    sweep = tmp_path / "sweep"
+    for name in ("random", "oracle"):
+        shutil.copytree(runs[name], sweep / name)
+    (sweep / "notes").mkdir()
+    out = tmp_path / "site"
+    build_site(out, [sweep])
+    assert [r["id"] for r in _manifest(out)["runs"]] == ["oracle", "random"]

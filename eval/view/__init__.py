@@ -12,7 +12,20 @@ from typing import Any
 from eval.view.data import RunData, load_run_data, slug
 from eval.view.site import SiteStats, write_site
 
-__all__ = ["RunData", "SiteStats", "build_site", "load_runs"]
+__all__ = ["RunData", "SiteStats", "build_site", "expand_run_dirs", "load_runs"]
+
+
+def expand_run_dirs(paths: list[Path]) -> list[Path]:
+    """Run folders to show: each path that holds a ``summary.json``, else its subfolders that do.
+
+    So a folder of runs (a sweep, or a trainer's periodic evaluations) can be passed whole. A path with
+    neither stays, so that loading it names the missing ``summary.json``.
+    """
+    out: list[Path] = []
+    for p in map(Path, paths):
+        children = sorted(c for c in p.iterdir() if (c / "summary.json").is_file()) if p.is_dir() else []
+        out += [p] if (p / "summary.json").exists() or not children else children
+    return out
 
 
 def load_runs(run_dirs: list[Path], labels: list[str] | None = None) -> list[RunData]:
@@ -41,5 +54,6 @@ def load_runs(run_dirs: list[Path], labels: list[str] | None = None) -> list[Run
 
 def build_site(out: Path, run_dirs: list[Path], leaderboard: dict[str, Any] | None = None,
                labels: list[str] | None = None, title: str = "crl-bench results") -> SiteStats:
-    """Read ``run_dirs`` and write the site to ``out``; see :mod:`eval.view.site` for the layout."""
-    return write_site(Path(out), load_runs(run_dirs, labels), leaderboard=leaderboard, title=title)
+    """Read ``run_dirs`` (see :func:`expand_run_dirs`) and write the site to ``out``; layout in :mod:`eval.view.site`."""
+    dirs = run_dirs if labels else expand_run_dirs(run_dirs)
+    return write_site(Path(out), load_runs(dirs, labels), leaderboard=leaderboard, title=title)

@@ -12,7 +12,7 @@ from eval.view import build_site
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.view",
                                 description="Write a static site (opens from disk, no server) to browse eval runs")
-    p.add_argument("runs", nargs="+", type=Path, help="run folders written by eval.run")
+    p.add_argument("runs", nargs="+", type=Path, help="run folders written by eval.run, or folders of them")
     p.add_argument("--out", type=Path, required=True, help="folder for the site (new, empty, or an earlier site)")
     p.add_argument("--title", default="crl-bench results")
     args = p.parse_args(argv)
