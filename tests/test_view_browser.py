@@ -326,3 +326,10 @@ def test_the_site_also_works_from_a_static_server(watched, site):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_site_copied_without_its_data_says_what_is_missing(page, site, tmp_path):
+    shutil.copy(site / "index.html", tmp_path / "index.html")
+    shutil.copytree(site / "assets", tmp_path / "assets")
+    page.goto((tmp_path / "index.html").as_uri())
+    assert "data/site.js) did not load" in page.locator("main .error").inner_text()

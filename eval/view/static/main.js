@@ -77,6 +77,12 @@
     if (V.onKey && V.onKey(e)) e.preventDefault();
   });
 
+  if (!V.site()) {
+    app.textContent = "";
+    app.appendChild(V.el("p", { className: "error" }, "The site's data (data/site.js) did not load: open index.html inside the " +
+      "folder python -m eval.view wrote, with its assets/ and data/ folders beside it."));
+    return;
+  }
   window.addEventListener("hashchange", render);
   render();
 })();
