@@ -26,7 +26,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from crl_agent.agents.base import Agent, EpisodeContext
@@ -104,8 +104,14 @@ class Episode:
         return {k: getattr(self, k) for k in SUMMARY_FIELDS}
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything, JSON-ready (the trajectory record before any text-mode capping)."""
-        return asdict(self)
+        """Everything, JSON-ready (the trajectory record before any text-mode capping).
+
+        Shallow: the steps become new dicts, but their ``info`` and ``turn`` dicts are the episode's own
+        (``dataclasses.asdict``'s deep copy cost 9 ms per 100-step episode).
+        """
+        out = {k: getattr(self, k) for k in (*SUMMARY_FIELDS, "task", "agent", "final_observation")}
+        out["steps"] = [dict(vars(s)) for s in self.steps]
+        return out
 
 
 # The former name of the episode summary; kept so agents written against it still import.

@@ -84,11 +84,17 @@ def make_record(episode: dict[str, Any], summary: dict[str, Any], mode: str = "t
     """The trajectory record of an episode (``crl_agent.rollout.Episode.to_dict()``) in ``mode``."""
     if mode not in ("text", "full"):
         raise ValueError(f"trajectory mode must be 'text' or 'full', got {mode!r}")
+    text = mode == "text"
     steps = []
     for s in episode.get("steps", []):
         step = dict(s)
-        if mode == "text" and isinstance(step.get("turn"), dict):
-            step["turn"] = {k: v for k, v in step["turn"].items() if k not in FULL_ONLY_TURN_FIELDS}
+        if text:  # cap what can be long; fields looked at one by one (a generic walk cost 2 ms an episode)
+            step["observation"] = cap_text(step["observation"])
+            step["action"] = cap_text(step["action"])
+            if step.get("info"):
+                step["info"] = _cap_strings(step["info"])
+            if isinstance(step.get("turn"), dict):
+                step["turn"] = _cap_strings({k: v for k, v in step["turn"].items() if k not in FULL_ONLY_TURN_FIELDS})
         steps.append(step)
     record = {
         "schema": SCHEMA,
@@ -104,7 +110,11 @@ def make_record(episode: dict[str, Any], summary: dict[str, Any], mode: str = "t
         "steps": steps,
         "final_observation": episode.get("final_observation", ""),
     }
-    return _cap_strings(record) if mode == "text" else record
+    if text:
+        for key in ("task", "final_observation"):
+            record[key] = cap_text(record[key])
+        record["summary"] = _cap_strings(record["summary"])
+    return record
 
 
 def validate_record(record: Any) -> None:
@@ -137,7 +147,7 @@ def validate_record(record: Any) -> None:
 def encode_member(record: dict[str, Any]) -> bytes:
     """One record as a complete gzip member (one JSON line)."""
     line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
-    return gzip.compress(line.encode("utf-8"), compresslevel=6, mtime=0)
+    return gzip.compress(line.encode("utf-8"), compresslevel=1, mtime=0)  # 4x faster than 6, 25% larger
 
 
 def _read_members(path: Path) -> tuple[list[dict[str, Any]], int, bool]:

@@ -73,7 +73,7 @@ PLUGIN = textwrap.dedent(
         def _apply(self, action):
             if action != self.word:
                 raise InvalidAction("that is not the secret word")
-            return StepOutcome("Yes!", 1.0, True, True, 1.0)
+            return StepOutcome("Yes!", reward=1.0, terminated=True, success=True, progress=1.0)
 
         def _admissible_actions(self):
             return ["apple", "pear", "plum"]

@@ -39,6 +39,8 @@ class EpisodeContext:
         episode_index: index of the episode within its task.
         sample: which rollout of this seed (0, 1, ...): GRPO groups and pass@k play one seed several
             times; policies mix it into their sampling seed so the samples differ.
+        with_experience: whether a policy that can use test-time experience (the ``crl`` agent) uses it in
+            this episode; Complementary RL's split groups play half their rollouts without it.
         oracle: coroutine returning the env's solver action for the current state;
             only for the ``oracle`` agent (``None`` where the env has no solver).
     """
@@ -47,6 +49,7 @@ class EpisodeContext:
     seed: int
     episode_index: int = 0
     sample: int = 0
+    with_experience: bool = True
     oracle: Callable[[], Awaitable[str]] | None = None
 
 

@@ -45,7 +45,7 @@ from crl_agent.llm import LLM, Message, make_llm
 from crl_agent.rollout import Episode
 
 _POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens", "history_style", "action_mode",
-                   "score_norm")
+                   "score_norm", "explore")
 _SEARCH_RE = re.compile(r"<search>(.*?)(?:</search>|\Z)", re.DOTALL | re.IGNORECASE)
 _ACTION_OPEN_RE = re.compile(r"<action>", re.IGNORECASE)
 
@@ -81,7 +81,7 @@ class CRLPolicy(LLMPolicy):
         base = await super().system_prompt(obs, info)
         self.goal = str(info.get("task") or "")
         manager = self.agent.manager
-        if manager is None:
+        if manager is None or not self.ctx.with_experience:
             return base
         if self.agent.sync_experience:
             await manager.flush()
@@ -97,11 +97,11 @@ class CRLPolicy(LLMPolicy):
 
     def stop_strings(self) -> tuple[str, ...]:
         base = super().stop_strings()
-        return (*base, "</search>") if self.agent.manager is not None else base
+        return (*base, "</search>") if self.agent.manager is not None and self.ctx.with_experience else base
 
     def parse_reply(self, text: str, info: dict[str, Any]) -> ParsedReply:
         parsed = super().parse_reply(text, info)
-        if self.agent.manager is None:
+        if self.agent.manager is None or not self.ctx.with_experience:
             return parsed
         m = _SEARCH_RE.search(text)
         action_tag = _ACTION_OPEN_RE.search(text)
@@ -126,8 +126,8 @@ class CRLPolicy(LLMPolicy):
 
     def score_tools(self, info: dict[str, Any]) -> list[str]:
         """In score mode, searching is one more candidate while searches are left and the bank knows the task."""
-        if (self.agent.manager is None or self.agent.bank is None or self.tool_calls >= self.agent.max_tool_calls
-                or not self.agent.bank.ids(self.ctx.env_id)):
+        if (self.agent.manager is None or self.agent.bank is None or not self.ctx.with_experience
+                or self.tool_calls >= self.agent.max_tool_calls or not self.agent.bank.ids(self.ctx.env_id)):
             return []
         return [SEARCH_CANDIDATE]
 

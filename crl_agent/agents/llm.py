@@ -264,6 +264,8 @@ class LLMPolicy(Policy):
                 z = scores / agent.temperature
                 probs = np.exp(z - z.max())
                 probs /= probs.sum()
+                if agent.explore > 0:  # behaviour policy for RL exploration: mixed with uniform
+                    probs = (1 - agent.explore) * probs + agent.explore / len(probs)
                 chosen = int(self._rng().choice(len(candidates), p=probs))
             else:
                 probs = (scores == scores.max()).astype(np.float64)
@@ -379,6 +381,8 @@ class LLMAgent(Agent):
             ``"score"`` (always score; a step without a list is an error) or ``"generate"``.
         score_norm: ``"sum"`` (a candidate's total log-prob) or ``"mean"`` (per token) in score mode;
             ``temperature`` divides the scores before the softmax (0: argmax).
+        explore: score mode, for RL rollouts: sample from ``(1 - explore) * softmax + explore * uniform``
+            (the recorded ``action_logprob`` is that mixture's, the behaviour policy's).
         max_tool_calls: tool calls allowed per episode (only used by subclasses with tools).
         llm: an already built backend (shared, not closed by :meth:`aclose`); overrides ``backend``/``model``.
         **backend_kwargs: passed to :func:`crl_agent.llm.make_llm` (e.g. ``base_url=``, ``device=``).
@@ -400,6 +404,7 @@ class LLMAgent(Agent):
         history_style: str = "compact",
         action_mode: str = "auto",
         score_norm: str = "sum",
+        explore: float = 0.0,
         max_tool_calls: int = 2,
         llm: LLM | None = None,
         **backend_kwargs: Any,
@@ -412,7 +417,10 @@ class LLMAgent(Agent):
             raise ValueError(f"score_norm must be 'sum' or 'mean', got {score_norm!r}")
         if history_style not in ("compact", "full"):
             raise ValueError(f"history_style must be 'compact' or 'full', got {history_style!r}")
+        if not 0.0 <= float(explore) <= 1.0:
+            raise ValueError(f"explore must be in [0, 1], got {explore!r}")
         self.action_mode, self.score_norm, self.history_style = action_mode, score_norm, history_style
+        self.explore = float(explore)
         self.seed = seed
         self.temperature, self.top_p, self.max_tokens = float(temperature), float(top_p), int(max_tokens)
         self.history, self.history_tokens, self.max_tool_calls = int(history), int(history_tokens), int(max_tool_calls)
@@ -435,6 +443,7 @@ class LLMAgent(Agent):
             "history_style": self.history_style,
             "action_mode": self.action_mode,
             "score_norm": self.score_norm,
+            "explore": self.explore,
         }
 
     async def aclose(self) -> None:
