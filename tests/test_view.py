@@ -207,9 +207,13 @@ def test_malformed_trajectory_fields_become_text_not_a_crash(tmp_path):
                                     "info": ["not", "a", "dict"], "admissible_actions": [1, None]}]
     rec["steps"][0]["reward"] = float("nan")
     rec["task"] = None
+    stray = {**rec, "seed": [1, 2], "key": "stray"}  # no summary line, and a seed no key can hold
     run = F.write_run(tmp_path / "odd", [rec], {"name": "random"})
+    with (run / "trajectories.jsonl.gz").open("ab") as f:
+        f.write(gzip.compress((json.dumps(stray) + "\n").encode()))
     out = tmp_path / "site"
     build_site(out, [run])
+    assert _manifest(out)["runs"][0]["episodes"] == 1  # the stray record is outside the run's seeds
     ep = _data(out / "data" / "odd" / "traj-0.js")[1][0]
     assert ep["steps"][0][2] is None  # NaN reward: null, not an invalid JSON literal
     odd = ep["steps"][-1]

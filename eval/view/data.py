@@ -167,12 +167,19 @@ def _sample(r: dict[str, Any]) -> int:
     return s if isinstance(s, int) and not isinstance(s, bool) else 0
 
 
+def _seed(r: dict[str, Any]) -> int | str:
+    """The seed as a key part: an int, or the text of whatever a foreign record holds (a list is no key)."""
+    s = r.get("seed")
+    return s if isinstance(s, int) and not isinstance(s, bool) else text(s)
+
+
 def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunData:
     """Read one run folder (``summary.json``, ``episodes.jsonl``, optional trajectories) for the page.
 
     Raises:
         FileNotFoundError: ``run_dir`` has no ``summary.json``.
         json.JSONDecodeError: the summary is not JSON.
+        ValueError: the summary has no ``tasks`` object.
     """
     summary, records = load_run(run_dir)
     if not isinstance(summary, dict) or not isinstance(summary.get("tasks"), dict):
@@ -180,11 +187,11 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
     trajs = {}
     for t in load_trajectories(run_dir):
         if isinstance(t, dict):
-            trajs[(text(t.get("env_id")), t.get("seed"), _sample(t))] = t
-    by_key: dict[tuple[str, Any, int], dict[str, Any]] = {}
+            trajs[(text(t.get("env_id")), _seed(t), _sample(t))] = t
+    by_key: dict[tuple[str, int | str, int], dict[str, Any]] = {}
     for r in records:
         if isinstance(r, dict) and isinstance(r.get("env_id"), str):
-            by_key[(r["env_id"], r.get("seed"), _sample(r))] = r
+            by_key[(r["env_id"], _seed(r), _sample(r))] = r
     # A trajectory whose summary line is missing (a kill between the two writes) still counts as an episode,
     # if it is one the summary is about (load_run leaves out records of other seeds, and so does this).
     run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
@@ -197,9 +204,8 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
     tasks = list(summary["tasks"]) + sorted({k[0] for k in by_key} - set(summary["tasks"]))
     task_idx = {e: i for i, e in enumerate(tasks)}
 
-    def order(k: tuple[str, Any, int]) -> tuple[int, float, int]:
-        seed = k[1] if isinstance(k[1], (int, float)) and not isinstance(k[1], bool) else math.inf
-        return task_idx[k[0]], seed, k[2]
+    def order(k: tuple[str, int | str, int]) -> tuple[int, float, str, int]:
+        return task_idx[k[0]], k[1] if isinstance(k[1], int) else math.inf, str(k[1]), k[2]
 
     data = RunData(id=run_id, label=label or agent_label(summary), folder=str(run_dir),
                    summary=slim_summary(summary), tasks=tasks)
