@@ -32,9 +32,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def _data(path: Path):
     """The data a ``CRLVIEW.put(key, data);`` file carries."""
-    m = re.fullmatch(r'CRLVIEW\.put\(("[^"]*"),(.*)\);\n', path.read_text(encoding="utf-8"), re.S)
+    m = re.fullmatch(r'CRLVIEW\.put\(("[^"]*"),JSON\.parse\((".*")\)\);\n', path.read_text(encoding="utf-8"), re.S)
     assert m, path
-    return json.loads(m.group(1)), json.loads(m.group(2))
+    return json.loads(m.group(1)), json.loads(json.loads(m.group(2)))
 
 
 def _manifest(out: Path) -> dict:

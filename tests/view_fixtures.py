@@ -119,7 +119,7 @@ def hostile_records(env_id: str = SOKOBAN, seeds: range = range(2)) -> list[dict
             obs = f"step {t}: {h}" + ("\n" + BIG_LINE if t == 1 and seed == 0 else "")
             steps.append({"t": t, "observation": obs, "admissible_actions": [h, "up"], "action": h, "reward": 0.0,
                           "valid_action": t % 2 == 0, "terminated": False, "truncated": t == len(HOSTILE) - 1,
-                          "success": False, "progress": 0.0, "info": {"note": h},
+                          "success": False, "progress": 0.0, "info": {"note": h, "__proto__": {"polluted": "yes"}},
                           "turn": llm_turn(t, obs, h, [h, "up", "down"], extra_text=h)})
         recs.append(_record(env_id, seed, "llm", HOSTILE[0], steps, HOSTILE[2], {
             "success": False, "progress": 0.0, "reward": 0.0, "actions": len(steps), "invalid_actions": 3,

@@ -11,8 +11,10 @@ Layout of ``OUT``::
     data/<run>/actions.js    every episode's actions (loaded by the compare view)
 
 Data files are scripts, not JSON fetched at run time, because ``fetch()`` fails on ``file://`` pages; each
-one calls ``CRLVIEW.put(key, data)``. They hold JSON literals, so no string in them can end the script early
-(``</script>`` only matters inside an HTML page).
+one calls ``CRLVIEW.put(key, JSON.parse("<the data as JSON>"))``. The data is a string literal handed to
+``JSON.parse`` rather than a JavaScript object literal, so a key such as ``__proto__`` stays a plain key
+(an object literal would set the object's prototype) and V8 parses it faster. No string in a data file can
+end the script early (``</script>`` only matters inside an HTML page).
 """
 
 from __future__ import annotations
@@ -72,10 +74,18 @@ def _html_escape(s: str) -> str:
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
-def _script(key: str, data: Any) -> str:
+def _to_json(data: Any) -> str:
     # ensure_ascii: no lone surrogate from a foreign run can make the file invalid UTF-8.
-    body = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
-    return f"CRLVIEW.put({json.dumps(key)},{body});\n"
+    return json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+
+def _put(key: str, json_text: str) -> str:
+    """A data script: ``json_text`` as a JS string literal (a JSON string is one) parsed by ``JSON.parse``."""
+    return f"CRLVIEW.put({json.dumps(key)},JSON.parse({json.dumps(json_text)}));\n"
+
+
+def _script(key: str, data: Any) -> str:
+    return _put(key, _to_json(data))
 
 
 def _chunks(items: Iterable[str], budget: int) -> list[list[int]]:
@@ -115,8 +125,7 @@ def write_run(out: Path, run: RunData, sizes: list[int]) -> dict[str, Any]:
     """Write one run's data files; return its manifest entry."""
     folder = out / "data" / run.id
     chunk_of: list[list[int] | None] = [None] * len(run.rows)
-    serialised = [json.dumps(p, ensure_ascii=True, separators=(",", ":"), allow_nan=False) if p else "null"
-                  for p in run.payloads]
+    serialised = [_to_json(p) if p else "null" for p in run.payloads]
     with_steps = [i for i, p in enumerate(run.payloads) if p is not None]
     groups = _chunks((serialised[i] for i in with_steps), CHUNK_BYTES)
     for c, group in enumerate(groups):
@@ -124,8 +133,7 @@ def write_run(out: Path, run: RunData, sizes: list[int]) -> dict[str, Any]:
         for pos, i in enumerate(members):
             chunk_of[i] = [c, pos]
         key = f"{run.id}/traj-{c}"
-        _write(folder / f"traj-{c}.js", f"CRLVIEW.put({json.dumps(key)},[{','.join(serialised[i] for i in members)}]);\n",
-               sizes)
+        _write(folder / f"traj-{c}.js", _put(key, "[" + ",".join(serialised[i] for i in members) + "]"), sizes)
     rows = [[*row, chunk_of[i]] for i, row in enumerate(run.rows)]
     _write(folder / "index.js", _script(f"{run.id}/index", {"fields": [*INDEX_FIELDS, "chunk"], "rows": rows}), sizes)
     search_groups = _chunks(run.search, SEARCH_CHUNK_BYTES)
