@@ -96,7 +96,8 @@
       const needText = f.q.trim() !== "";
       if (needText && !texts) {
         count.textContent = "Loading the search index…";
-        return V.searchTexts(run).then(function (t) { texts = t; if (current()) apply(); });
+        return V.searchTexts(run).then(function (t) { texts = t; if (current()) apply(); },
+          function (e) { count.textContent = "Search is unavailable: " + e.message; });
       }
       shown = V.filterEpisodes(idx.episodes, f, texts);
       V.lastList = { run: run.id, order: shown.map(function (e) { return e.i; }), q: f.q.trim() };
