@@ -50,6 +50,7 @@ from crl_agent.agents.base import EpisodeContext
 from crl_agent.rollout import Episode, PoolSlot, run_episode
 
 MODES = ("grpo", "crl")
+RESUMABLE_CHANGES = ("steps",)  # a resumed run may train for longer; anything else must match
 
 
 @dataclass
@@ -242,7 +243,8 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
     start, evals = 0, []
     if resume and ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
-        diff = config_diff(state["config"], dataclasses.asdict(cfg))
+        resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
+        diff = config_diff({k: v for k, v in state["config"].items() if k not in RESUMABLE_CHANGES}, resumable)
         if diff:
             raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}); "
                              "use the same options or another --out")
@@ -250,9 +252,9 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
         learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
         ck = load_checkpoint(ckpt_path, models=models, learners=learners)
         start, evals = ck.step, ck.extra.get("evals", [])
-        llm.bump_policy_version()
+        llm.set_policy_version(learner.version)  # samples are stamped with the learner's version
         if extractor is not None:
-            extractor.bump_policy_version()
+            extractor.set_policy_version(ext_learner.version)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     half = cfg.group_size // 2
     try:
@@ -278,7 +280,8 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
             samples = turn_samples([e for _, e in kept], adv)
             metrics = await asyncio.to_thread(learner.update, samples) if samples else {}
-            llm.bump_policy_version()
+            if metrics.get("updated"):
+                llm.bump_policy_version()  # == learner.version: the backend drops its stale prefix cache
             row = {"step": step + 1, "time_s": 0.0, "episodes": len(episodes), "errored": len(episodes) - len(kept),
                    "train_success": sum(rewards) / max(1, len(rewards)),
                    **{f"actor/{k}": v for k, v in metrics.items()}}
@@ -299,7 +302,8 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                     ext_samples, used = extractor_samples(manager, step + 1, cfg.cooldown, cfg.extractor_batch)
                     if ext_samples:
                         ext_metrics = await asyncio.to_thread(ext_learner.update, ext_samples)
-                        extractor.bump_policy_version()
+                        if ext_metrics.get("updated"):
+                            extractor.bump_policy_version()
                         manager.mark_trained(used, step + 1)
                         row.update({f"extractor/{k}": v for k, v in ext_metrics.items()})
                         row["extractor/reward"] = sum(s.reward for s in used) / len(used)
