@@ -1,26 +1,65 @@
-"""The ``docker`` sandbox: an instance's SWE-bench harness image, where a Docker engine runs.
+"""The ``docker`` sandbox: one container per episode, one ``docker exec`` per command.
 
-The harness images (``swebench/sweb.eval.x86_64.<id>``, built by ``swebench`` or pulled from
-Docker Hub) hold the repository at ``/testbed`` at ``base_commit`` with its environment
-installed. Each episode gets its own container (no network, memory, pid and ulimit caps);
-every command is one ``docker exec`` with a wall-clock timeout; the container is removed at
-the end of the episode.
+The container comes from the instance's image (see :mod:`crl_envs.swe.images`: an official
+SWE-bench harness image already in the engine, or one built locally; never pulled). It is
+contained as the ``bwrap`` sandbox is, with the same :class:`~crl_envs.swe.sandbox.Limits`:
+
+* no network (``--network none``), a read-only root, a private ``/tmp`` tmpfs, the repository
+  in ``/testbed`` on a volume of its own (copied from the image, removed with the container);
+* commands run as a private unused uid (per sandbox, so ``RLIMIT_NPROC`` is per sandbox) with no
+  capabilities and ``no-new-privileges``, under the same rlimits as bwrap (``prlimit``: CPU,
+  address space, file size, processes, no core files), and every process the command leaves
+  behind is killed when it ends; a wall-clock timeout and the disk quota as for bwrap;
+* container-wide caps: memory (``--memory`` = ``--memory-swap``) and ``--pids-limit``.
+
+Containers carry the label ``crl-bench.swe.sandbox`` and their owner process; the first sandbox a
+process opens removes the containers of owners that are gone (a crashed run). A Docker engine
+that stops answering, or a container that dies, makes the command raise
+:class:`~crl_envs.swe.sandbox.SandboxFailure` naming the cause.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import secrets
 import shutil
+import socket
 import subprocess
 import uuid
 from pathlib import Path
 
 from crl_envs.swe.instances import SWEInstance
-from crl_envs.swe.sandbox import CommandResult, Limits, Sandbox, SandboxUnavailable, run_bounded
+from crl_envs.swe.sandbox import (
+    PRIVATE_UID_RANGE,
+    CommandResult,
+    Limits,
+    Sandbox,
+    SandboxFailure,
+    SandboxUnavailable,
+    chown_tree,
+    run_bounded,
+    sandbox_env,
+)
 
 TESTBED = "/testbed"
+LABEL = "crl-bench.swe.sandbox"
+OWNER_LABEL = "crl-bench.swe.owner"
+ENGINE_TIMEOUT_S = 60.0  # any single engine call (run, inspect, rm) that takes longer is an engine failure
 # The harness images install the repository's environment as the conda env "testbed".
 _ACTIVATE = "[ -f /opt/miniconda3/bin/activate ] && . /opt/miniconda3/bin/activate testbed >/dev/null 2>&1\n"
+# Runs as the sandbox uid: the command under the rlimits, then every process of that uid it left
+# behind is killed (``kill -1`` spares the caller), as bwrap's PID namespace does.
+# Like bwrap's private /tmp, the container's /tmp is emptied after each command.
+# The wrapper's own stderr is dropped, so that a command killed by a signal is reported only by its
+# status line, as with bwrap (not also by the wrapper shell).
+_WRAPPER = ('exec 3>&2 2>/dev/null; prlimit {limits} -- bash -c "$1" 2>&3 3>&-; rc=$?; kill -9 -1; '
+            'find /tmp -mindepth 1 -delete; exit $rc')
+# Exit codes the docker CLI itself uses (or a dead container gives); only then is the engine asked
+# whether the command or the sandbox failed, so ordinary failing commands cost nothing extra.
+_ENGINE_CODES = {125, 126, 127, 137}
+_ENGINE_WORDS = ("docker daemon", "error response from daemon", "no such container", "is not running")
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,55 +78,179 @@ def docker_available() -> str:
 
 
 def instance_image(inst: SWEInstance, namespace: str = "swebench") -> str:
-    """The harness image of ``inst``: its ``image`` field, else SWE-bench's naming scheme."""
-    if inst.image:
-        return inst.image
-    key = inst.instance_id.replace("__", "_1776_").lower()
-    return f"{namespace}/sweb.eval.x86_64.{key}:latest"
+    """The published harness image name of ``inst``: its ``image`` field, else SWE-bench's naming."""
+    from crl_envs.swe.images import official_image_name
+
+    return inst.image or official_image_name(inst, namespace)
+
+
+def _engine(*args: str, timeout: float = ENGINE_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """A docker CLI call whose failure to answer in time is a :class:`SandboxFailure`."""
+    try:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise SandboxFailure(f"the Docker engine did not answer `docker {args[0]}` within {timeout:g} s "
+                             "(is it hung, or is its disk full?)") from e
+    except OSError as e:
+        raise SandboxFailure(f"the docker CLI could not run: {e}") from e
+
+
+def _process_start(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _owner() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}"
+
+
+def reap_leftovers() -> list[str]:
+    """Remove sandbox containers (and their volumes) whose owner process on this host is gone."""
+    proc = _engine("ps", "-a", "--filter", f"label={LABEL}", "--format", f'{{{{.ID}}}} {{{{.Label "{OWNER_LABEL}"}}}}')
+    host = socket.gethostname()
+    dead = []
+    for line in proc.stdout.split("\n"):
+        cid, _, owner = line.partition(" ")
+        parts = owner.split(":")
+        if not cid or len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        if _process_start(int(parts[1])) != parts[2]:  # gone, or the pid now belongs to another process
+            dead.append(cid)
+    if dead:
+        _engine("rm", "-f", "-v", *dead)
+    return dead
+
+
+@functools.lru_cache(maxsize=1)
+def _reap_once() -> None:
+    reap_leftovers()
 
 
 class DockerSandbox(Sandbox):
-    """One container per episode from the instance's harness image.
+    """One container per episode from an instance's image; commands run with ``docker exec``.
 
     Args:
-        inst: the instance (its image is used).
-        limits: per-command limits; memory and processes are also container-wide caps.
+        source: the instance (its image is resolved by :func:`crl_envs.swe.images.resolve_image`) or
+            an image name.
+        limits: per-command limits, as for bwrap; memory and processes are also container-wide caps.
         mounts: host directories mounted read-only, ``{host_path: container_path}``.
+        workspace: a host directory bound at ``/testbed`` instead of the image's own ``/testbed``.
+
+    Raises:
+        SandboxUnavailable: no engine answers, or the image is missing (:class:`ImageMissing`).
+        SandboxFailure: the engine failed to start the container.
     """
 
     kind = "docker"
     workdir = TESTBED
 
-    def __init__(self, inst: SWEInstance, limits: Limits | None = None, mounts: dict[str, str] | None = None):
+    def __init__(self, source: SWEInstance | str, limits: Limits | None = None, mounts: dict[str, str] | None = None,
+                 *, workspace: str | Path | None = None):
         reason = docker_available()
         if reason:
             raise SandboxUnavailable(f"sandbox='docker' needs a running Docker engine: {reason}. Use "
                                      "sandbox='bwrap' (apt-get install bubblewrap) instead.")
-        super().__init__(Path("/nonexistent"), limits, mounts)
-        self.image = instance_image(inst)
+        from crl_envs.swe.images import ImageMissing, image_labels, resolve_image
+
+        super().__init__(Path(workspace) if workspace is not None else Path("/nonexistent"), limits, mounts)
+        self.closed = True  # until the container runs
+        _reap_once()
+        if isinstance(source, SWEInstance):
+            self.image = resolve_image(source)
+        else:
+            self.image = source
+            if image_labels(source) is None:
+                raise ImageMissing(f"the Docker image {source} is not in the engine (images are never pulled)")
+        self.uid = secrets.SystemRandom().randrange(*PRIVATE_UID_RANGE)
         self.container = f"crl-swe-{uuid.uuid4().hex[:12]}"
+        self.local_workspace = workspace is not None
         lim = self.limits
-        argv = ["docker", "run", "-d", "--rm", "--name", self.container, "--network", "none",
-                "--memory", f"{lim.memory_mb}m", "--pids-limit", str(lim.nproc), "--cpus", "1",
-                "--ulimit", f"fsize={lim.file_size_mb * 1024 * 1024}", "--ulimit", f"cpu={lim.cpu_s}",
-                "--tmpfs", f"/tmp:size={lim.tmp_mb}m", "-w", TESTBED]
+        argv = ["run", "-d", "--init", "--pull=never", "--name", self.container, "--label", f"{LABEL}=1",
+                "--label", f"{OWNER_LABEL}={_owner()}", "--network", "none", "--hostname", "sandbox",
+                "--memory", f"{lim.memory_mb}m", "--memory-swap", f"{lim.memory_mb}m", "--pids-limit", str(lim.nproc),
+                "--cap-drop", "ALL", "--cap-add", "CHOWN", "--security-opt", "no-new-privileges", "--read-only",
+                "--tmpfs", f"/tmp:rw,nosuid,nodev,size={lim.tmp_mb}m,mode=1777", "--ulimit", "core=0", "-w", TESTBED]
+        if workspace is not None:
+            chown_tree(self.workspace, self.uid)
+            argv += ["-v", f"{self.workspace}:{TESTBED}"]
+        else:
+            argv += ["-v", TESTBED]  # an anonymous volume, filled from the image's /testbed
         for host, inside in self.mounts.items():
+            os.chmod(host, os.stat(host).st_mode | 0o555)  # readable by the private uid
             argv += ["-v", f"{host}:{inside}:ro"]
         argv += [self.image, "sleep", "infinity"]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        proc = _engine(*argv)
         if proc.returncode != 0:
-            raise SandboxUnavailable(f"could not start {self.image}: {proc.stderr.strip()[:500]} (build or pull the "
-                                     "SWE-bench harness image first, e.g. with swebench.harness.prepare_images)")
+            _engine("rm", "-f", "-v", self.container)
+            raise SandboxFailure(f"could not start a container from {self.image}: {proc.stderr.strip()[:500]}")
+        self.closed = False
+        try:
+            self._prepare()
+        except BaseException:
+            self.close()
+            raise
+
+    def _prepare(self) -> None:
+        """Give /testbed to the sandbox uid and find its volume on this host (for the disk quota)."""
+        if not self.local_workspace:
+            chown = _engine("exec", "-u", "0", self.container, "chown", "-R", f"{self.uid}:{self.uid}", TESTBED)
+            if chown.returncode != 0:
+                raise SandboxFailure(f"could not prepare {TESTBED} in {self.image}: {chown.stderr.strip()[:300]}")
+            info = _engine("inspect", "--format", "{{json .Mounts}}", self.container)
+            for m in json.loads(info.stdout or "[]") or []:
+                if m.get("Destination") == TESTBED and m.get("Source") and os.path.isdir(m["Source"]):
+                    self.workspace = Path(m["Source"])  # a local engine: the quota watch reads it
+                    self.local_workspace = True
+
+    def _prlimit_args(self) -> str:
+        lim, mib = self.limits, 1024 * 1024
+        return " ".join([f"--cpu={lim.cpu_s}:{lim.cpu_s + max(5, lim.cpu_s)}", f"--as={lim.memory_mb * mib}",
+                         f"--fsize={lim.file_size_mb * mib}", f"--nproc={lim.nproc}", "--core=0"])
+
+    def _exec_argv(self, command: str) -> list[str]:
+        env = sandbox_env([], "/tmp")
+        env.pop("PATH")  # the image's PATH (its venv or conda env) is kept
+        argv = ["docker", "exec", "-u", f"{self.uid}:{self.uid}", "-w", TESTBED]
+        for k, v in env.items():
+            argv += ["-e", f"{k}={v}"]
+        wrapper = _WRAPPER.format(limits=self._prlimit_args())
+        return [*argv, self.container, "bash", "-c", wrapper, "crl-sandbox", _ACTIVATE + command]
 
     def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
-        res = run_bounded(["docker", "exec", "-w", TESTBED, self.container, "bash", "-c", _ACTIVATE + command],
-                          timeout_s=timeout_s, output_bytes=output_bytes)
-        if res.timed_out:  # the exec client is dead; stop what it started inside the container
-            subprocess.run(["docker", "exec", self.container, "kill", "-9", "-1"], capture_output=True,
-                           timeout=30, check=False)
+        watch = self.disk_watch() if self.local_workspace else None
+        res = run_bounded(self._exec_argv(command), timeout_s=timeout_s, output_bytes=output_bytes, watch=watch)
+        if res.timed_out or res.error:  # the exec client is dead; stop what it started inside
+            self._kill_all()
+        if res.exit_code in _ENGINE_CODES or res.exit_code is None or (
+                res.exit_code == 1 and any(w in res.output[-2000:].lower() for w in _ENGINE_WORDS)):
+            self._check_alive(res)
         return res
+
+    def _kill_all(self) -> None:
+        _engine("exec", "-u", f"{self.uid}:{self.uid}", self.container, "kill", "-9", "-1", timeout=30)
+
+    def _check_alive(self, res: CommandResult) -> None:
+        """Raise :class:`SandboxFailure` when the engine or the container, not the command, failed."""
+        proc = _engine("inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}}", self.container, timeout=30)
+        if proc.returncode != 0:
+            raise SandboxFailure(f"the Docker engine failed during the command: {proc.stderr.strip()[:300]} "
+                                 f"(command output: {res.output.strip()[-300:]!r})")
+        status, _, oom = proc.stdout.strip().partition(" ")
+        if status != "running":
+            why = " (killed for memory)" if oom == "true" else ""
+            raise SandboxFailure(f"the sandbox container {self.container} is {status}{why}, not running")
+
+    def workspace_bytes(self) -> int:
+        return super().workspace_bytes() if self.local_workspace else 0
 
     def close(self) -> None:
         if not self.closed:
-            subprocess.run(["docker", "rm", "-f", self.container], capture_output=True, timeout=60, check=False)
+            self.closed = True
+            try:  # an engine that is gone leaves the container to the next run's reap_leftovers
+                _engine("rm", "-f", "-v", self.container)
+            except SandboxFailure:
+                pass
         super().close()
