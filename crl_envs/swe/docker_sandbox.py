@@ -84,8 +84,9 @@ def instance_image(inst: SWEInstance, namespace: str = "swebench") -> str:
     return inst.image or official_image_name(inst, namespace)
 
 
-def _engine(*args: str, timeout: float = ENGINE_TIMEOUT_S) -> subprocess.CompletedProcess:
+def _engine(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
     """A docker CLI call whose failure to answer in time is a :class:`SandboxFailure`."""
+    timeout = min(timeout or ENGINE_TIMEOUT_S, ENGINE_TIMEOUT_S)
     try:
         return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as e:
