@@ -7,9 +7,11 @@ contained as the ``bwrap`` sandbox is, with the same :class:`~crl_envs.swe.sandb
 * no network (``--network none``), a read-only root, a private ``/tmp`` tmpfs, the repository
   in ``/testbed`` on a volume of its own (copied from the image, removed with the container);
 * commands run as a private unused uid (per sandbox, so ``RLIMIT_NPROC`` is per sandbox) with no
-  capabilities and ``no-new-privileges``, under the same rlimits as bwrap (``prlimit``: CPU,
-  address space, file size, processes, no core files), and every process the command leaves
-  behind is killed when it ends; a wall-clock timeout and the disk quota as for bwrap;
+  capabilities and ``no-new-privileges``, under the same rlimits as bwrap (CPU, address space,
+  file size, processes, no core files), and every process the command leaves behind is killed when
+  it ends; a wall-clock timeout and the disk quota as for bwrap;
+* each command is one exec, sent straight to the engine's API on its unix socket where the engine
+  is local (:mod:`crl_envs.swe.docker_api`), else with ``docker exec``;
 * container-wide caps: memory (``--memory`` = ``--memory-swap``) and ``--pids-limit``.
 
 Containers carry the label ``crl-bench.swe.sandbox`` and their owner process; the first sandbox a
@@ -30,6 +32,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from crl_envs.swe.docker_api import EngineAPI, EngineError, local_socket
 from crl_envs.swe.instances import SWEInstance
 from crl_envs.swe.sandbox import (
     PRIVATE_UID_RANGE,
@@ -49,13 +52,14 @@ OWNER_LABEL = "crl-bench.swe.owner"
 ENGINE_TIMEOUT_S = 60.0  # any single engine call (run, inspect, rm) that takes longer is an engine failure
 # The harness images install the repository's environment as the conda env "testbed".
 _ACTIVATE = "[ -f /opt/miniconda3/bin/activate ] && . /opt/miniconda3/bin/activate testbed >/dev/null 2>&1\n"
-# Runs as the sandbox uid: the command under the rlimits, then every process of that uid it left
-# behind is killed (``kill -1`` spares the caller), as bwrap's PID namespace does.
-# Like bwrap's private /tmp, the container's /tmp is emptied after each command.
-# The wrapper's own stderr is dropped, so that a command killed by a signal is reported only by its
-# status line, as with bwrap (not also by the wrapper shell).
-_WRAPPER = ('exec 3>&2 2>/dev/null; prlimit {limits} -- bash -c "$1" 2>&3 3>&-; rc=$?; kill -9 -1; '
-            'find /tmp -mindepth 1 -delete; exit $rc')
+# Runs as the sandbox uid: the command under bwrap's rlimits (set with bash's ulimit, which needs
+# nothing in the image), then every process of that uid it left behind is killed (``kill -1``
+# spares the caller), as bwrap's PID namespace does, and /tmp is emptied, as bwrap's private /tmp
+# is. The wrapper's own stderr is dropped, so that a command killed by a signal is reported only
+# by its status line, as with bwrap (not also by the wrapper shell).
+_WRAPPER = ('exec 3>&2 2>/dev/null; (ulimit -t {cpu_hard} && ulimit -S -t {cpu} && ulimit -v {as_kb} -f {fsize_kb} '
+            '-u {nproc} -c 0 && exec bash -c "$1") 2>&3 3>&-; rc=$?; kill -9 -1; shopt -s dotglob nullglob; '
+            't=(/tmp/*); [ ${{#t[@]}} -eq 0 ] || rm -rf "${{t[@]}}"; exit $rc')
 # Exit codes the docker CLI itself uses (or a dead container gives); only then is the engine asked
 # whether the command or the sandbox failed, so ordinary failing commands cost nothing extra.
 _ENGINE_CODES = {125, 126, 127, 137}
@@ -206,24 +210,36 @@ class DockerSandbox(Sandbox):
                     self.workspace = Path(m["Source"])  # a local engine: the quota watch reads it
                     self.local_workspace = True
 
-    def _prlimit_args(self) -> str:
-        lim, mib = self.limits, 1024 * 1024
-        return " ".join([f"--cpu={lim.cpu_s}:{lim.cpu_s + max(5, lim.cpu_s)}", f"--as={lim.memory_mb * mib}",
-                         f"--fsize={lim.file_size_mb * mib}", f"--nproc={lim.nproc}", "--core=0"])
+    def _cmd(self, command: str) -> list[str]:
+        """The wrapper that runs ``command`` under the limits, as the exec's argv."""
+        lim = self.limits
+        wrapper = _WRAPPER.format(cpu=lim.cpu_s, cpu_hard=lim.cpu_s + max(5, lim.cpu_s), as_kb=lim.memory_mb * 1024,
+                                  fsize_kb=lim.file_size_mb * 1024, nproc=lim.nproc)
+        return ["bash", "-c", wrapper, "crl-sandbox", _ACTIVATE + command]
 
-    def _exec_argv(self, command: str) -> list[str]:
+    @staticmethod
+    def _env() -> dict[str, str]:
         env = sandbox_env([], "/tmp")
         env.pop("PATH")  # the image's PATH (its venv or conda env) is kept
-        argv = ["docker", "exec", "-u", f"{self.uid}:{self.uid}", "-w", TESTBED]
-        for k, v in env.items():
-            argv += ["-e", f"{k}={v}"]
-        wrapper = _WRAPPER.format(limits=self._prlimit_args())
-        return [*argv, self.container, "bash", "-c", wrapper, "crl-sandbox", _ACTIVATE + command]
+        return env
 
     def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
         watch = self.disk_watch() if self.local_workspace else None
-        res = run_bounded(self._exec_argv(command), timeout_s=timeout_s, output_bytes=output_bytes, watch=watch)
-        if res.timed_out or res.error:  # the exec client is dead; stop what it started inside
+        path = local_socket()
+        if path is not None:  # a local engine: straight to its API (no CLI start per command)
+            try:
+                res, _ = EngineAPI(path, ENGINE_TIMEOUT_S).exec(
+                    self.container, self._cmd(command), user=f"{self.uid}:{self.uid}", workdir=TESTBED,
+                    env=self._env(), timeout_s=timeout_s, output_bytes=output_bytes, watch=watch)
+            except EngineError as e:
+                raise SandboxFailure(f"the Docker engine failed during the command: {e}") from e
+        else:
+            argv = ["docker", "exec", "-u", f"{self.uid}:{self.uid}", "-w", TESTBED]
+            for k, v in self._env().items():
+                argv += ["-e", f"{k}={v}"]
+            res = run_bounded([*argv, self.container, *self._cmd(command)], timeout_s=timeout_s,
+                              output_bytes=output_bytes, watch=watch)
+        if res.timed_out or res.error:  # the exec's client is gone; stop what it started inside
             self._kill_all()
         if res.exit_code in _ENGINE_CODES or res.exit_code is None or (
                 res.exit_code == 1 and any(w in res.output[-2000:].lower() for w in _ENGINE_WORDS)):
