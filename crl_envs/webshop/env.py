@@ -117,7 +117,7 @@ class WebShopEnv(TextEnv):
         reward = purchase.breakdown.reward
         info = {"reward_info": purchase.breakdown.as_dict(), "purchased_asin": purchase.asin,
                 "purchased_options": dict(purchase.options)}
-        return StepOutcome(obs, reward, terminated=True, success=reward >= 1.0, progress=reward, info=info)
+        return StepOutcome(obs, reward=reward, terminated=True, success=reward >= 1.0, progress=reward, info=info)
 
     def _admissible_actions(self) -> list[str] | None:
         return self._site.admissible_actions() if self._site is not None else None
