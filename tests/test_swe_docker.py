@@ -109,6 +109,42 @@ def _save(instances) -> str:
     return str(save_instances(instances, path))
 
 
+@pytest.mark.docker
+@pytest.mark.usefixtures("docker_images")
+def test_a_root_filesystem_tarball_becomes_a_base_image(tmp_path):
+    from crl_envs.swe.images import LABEL, build_base
+
+    cid = subprocess.run(["docker", "create", BASE_IMAGE, "true"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    tar = tmp_path / "rootfs.tar"
+    try:
+        subprocess.run(["docker", "export", "-o", str(tar), cid], check=True)
+    finally:
+        subprocess.run(["docker", "rm", cid], capture_output=True, check=False)
+    name = "crl-test-base-from-tarball:latest"
+    try:
+        assert build_base(tar, name=name, force=True, log=lambda _m: None) == name
+        assert image_labels(name)[LABEL] == "base"
+        out = subprocess.run(["docker", "run", "--rm", "--network", "none", name, "python", "-c", "print(6 * 7)"],
+                             capture_output=True, text=True, check=True).stdout
+        assert out == "42\n"
+    finally:
+        subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("docker_images")
+def test_the_images_cli_reports_each_instances_image_and_names_bad_input(insts, capsys):
+    from crl_envs.swe.images import main
+
+    assert main(["status", "--bundled", "--ids", insts[0].instance_id]) == 0
+    assert f"{insts[0].instance_id}: sweb.eval.x86_64.{insts[0].instance_id}:latest" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="unknown instance ids: crl-mini__nope-1"):
+        main(["status", "--bundled", "--ids", "crl-mini__nope-1"])
+    assert main(["build", "--bundled", "--ids", insts[0].instance_id, "--rootfs", "/nonexistent/rootfs.tar"]) == 1
+    assert "root filesystem tarball not found: /nonexistent/rootfs.tar" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- episodes
 @pytest.mark.docker
 @pytest.mark.usefixtures("docker_images")

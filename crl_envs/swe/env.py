@@ -72,8 +72,9 @@ class SWEEnv(TextEnv):
     ## Arguments
     ``instances``: path to a .json/.jsonl/.parquet instance file (default ``$SWE_INSTANCES``);
     ``bundled``: use the bundled set instead; ``repos_dir``: where repositories live (default
-    ``$SWE_REPOS``); ``sandbox``: ``"bwrap"`` (default), ``"docker"`` or ``"local"`` (no
-    isolation, opt-in); ``instance_ids``: restrict to these ids; ``command_timeout_s``,
+    ``$SWE_REPOS``); ``sandbox``: ``"bwrap"`` (default), ``"docker"`` (one container per episode
+    from the instance's image; build images with ``python -m crl_envs.swe.images build``) or
+    ``"local"`` (no isolation, opt-in); ``instance_ids``: restrict to these ids; ``command_timeout_s``,
     ``grade_timeout_s``, ``limits`` (dict of :class:`~crl_envs.swe.sandbox.Limits` fields),
     ``output_chars``, ``python`` (interpreter for bwrap/local), ``max_steps`` (the step at which the
     diff is graded; registered equal to ``max_episode_steps``), ``render_mode``.

@@ -160,10 +160,10 @@ def debian_mirror() -> str:
 
 
 def build_base(rootfs: str | os.PathLike | None = None, *, mirror: str | None = None, force: bool = False,
-               log=print) -> str:
-    """Import the base image from ``rootfs`` (a tar of a root filesystem) or a fresh debootstrap."""
-    if not force and image_labels(BASE_IMAGE) is not None:
-        return BASE_IMAGE
+               name: str = BASE_IMAGE, log=print) -> str:
+    """Import the base image ``name`` from ``rootfs`` (a tar of a root filesystem) or a fresh debootstrap."""
+    if not force and image_labels(name) is not None:
+        return name
     changes = ["ENV LANG=C.UTF-8", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                f"LABEL {LABEL}=base", "CMD [\"bash\"]"]
     change_args = [a for c in changes for a in ("--change", c)]
@@ -171,9 +171,9 @@ def build_base(rootfs: str | os.PathLike | None = None, *, mirror: str | None = 
         path = Path(rootfs)
         if not path.is_file():
             raise ImageBuildError(f"root filesystem tarball not found: {path}")
-        log(f"importing {path} as {BASE_IMAGE}")
-        docker("import", *change_args, str(path), BASE_IMAGE, timeout=BUILD_TIMEOUT_S)
-        return BASE_IMAGE
+        log(f"importing {path} as {name}")
+        docker("import", *change_args, str(path), name, timeout=BUILD_TIMEOUT_S)
+        return name
     if shutil.which("debootstrap") is None or os.geteuid() != 0:
         raise ImageBuildError("building the base image needs debootstrap, as root (apt-get install debootstrap), "
                               "or a root filesystem tarball: --rootfs rootfs.tar")
@@ -188,7 +188,7 @@ def build_base(rootfs: str | os.PathLike | None = None, *, mirror: str | None = 
         shutil.rmtree(root / "var" / "cache" / "apt" / "archives", ignore_errors=True)
         tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
         try:
-            imp = subprocess.run(["docker", "import", *change_args, "-", BASE_IMAGE], stdin=tar.stdout,
+            imp = subprocess.run(["docker", "import", *change_args, "-", name], stdin=tar.stdout,
                                  capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
         finally:
             assert tar.stdout is not None
@@ -196,7 +196,7 @@ def build_base(rootfs: str | os.PathLike | None = None, *, mirror: str | None = 
             tar.wait()
         if imp.returncode != 0:
             raise ImageBuildError(f"docker import failed: {imp.stderr.strip()[-1500:]}")
-    return BASE_IMAGE
+    return name
 
 
 def _build(tag: str, context: Path, dockerfile: str, labels: dict[str, str]) -> None:
@@ -274,7 +274,7 @@ def build_images(instances: Iterable[SWEInstance], repos_dir: str | os.PathLike 
             todo.append(inst)
     if not todo:
         return out
-    build_base(rootfs, mirror=mirror, force=force and rootfs is not None, log=log)
+    build_base(rootfs, mirror=mirror, force=force or rootfs is not None, log=log)  # a given tarball is imported
     envs: dict[str, str] = {}
     for inst in todo:
         packages = env_packages(inst, pip)
