@@ -112,22 +112,24 @@ def _save(instances) -> str:
 @pytest.mark.docker
 @pytest.mark.usefixtures("docker_images")
 def test_a_root_filesystem_tarball_becomes_a_base_image(tmp_path):
+    import shutil
+    import tarfile
+
     from crl_envs.swe.images import LABEL, build_base
 
-    cid = subprocess.run(["docker", "create", BASE_IMAGE, "true"], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    tini = shutil.which("docker-init")  # a static binary: a root filesystem of one file (a real one is bigger)
+    if tini is None:
+        pytest.skip("docker-init (static tini) is not installed next to the engine")
     tar = tmp_path / "rootfs.tar"
-    try:
-        subprocess.run(["docker", "export", "-o", str(tar), cid], check=True)
-    finally:
-        subprocess.run(["docker", "rm", cid], capture_output=True, check=False)
+    with tarfile.open(tar, "w") as tf:
+        tf.add(os.path.realpath(tini), arcname="bin/init")
     name = "crl-test-base-from-tarball:latest"
     try:
         assert build_base(tar, name=name, force=True, log=lambda _m: None) == name
         assert image_labels(name)[LABEL] == "base"
-        out = subprocess.run(["docker", "run", "--rm", "--network", "none", name, "python", "-c", "print(6 * 7)"],
+        out = subprocess.run(["docker", "run", "--rm", "--network", "none", name, "/bin/init", "--version"],
                              capture_output=True, text=True, check=True).stdout
-        assert out == "42\n"
+        assert out.startswith("tini version")
     finally:
         subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)
 
