@@ -198,14 +198,46 @@ class DockerSandbox(Sandbox):
             self.close()
             raise
 
+    def _api(self) -> EngineAPI | None:
+        """The engine's API on its local socket (``None`` for a remote engine: the CLI is used)."""
+        path = local_socket()
+        return EngineAPI(path, ENGINE_TIMEOUT_S) if path is not None else None
+
+    def _state(self) -> dict:
+        """The container's ``docker inspect`` data; :class:`SandboxFailure` when the engine cannot say."""
+        api = self._api()
+        if api is not None:
+            try:
+                status, info = api.call("GET", f"/containers/{self.container}/json")
+            except EngineError as e:
+                raise SandboxFailure(f"the Docker engine failed during the command: {e}") from e
+            if status != 200:
+                raise SandboxFailure(f"the sandbox container {self.container} is gone: {info.get('message', info)}")
+            return info
+        proc = _engine("inspect", "--format", "{{json .}}", self.container, timeout=30)
+        if proc.returncode != 0:
+            raise SandboxFailure(f"the Docker engine failed during the command: {proc.stderr.strip()[:300]}")
+        return json.loads(proc.stdout)
+
+    def _exec_root(self, argv: list[str], user: str = "0") -> CommandResult:
+        """A trusted command in the container (not limited like the agent's), by API or CLI."""
+        api = self._api()
+        if api is not None:
+            try:
+                return api.exec(self.container, argv, user=user, workdir="/", env={}, timeout_s=ENGINE_TIMEOUT_S,
+                                output_bytes=4096)[0]
+            except EngineError as e:
+                raise SandboxFailure(f"the Docker engine failed: {e}") from e
+        proc = _engine("exec", "-u", user, self.container, *argv)
+        return CommandResult(proc.stdout + proc.stderr, proc.returncode)
+
     def _prepare(self) -> None:
         """Give /testbed to the sandbox uid and find its volume on this host (for the disk quota)."""
         if not self.local_workspace:
-            chown = _engine("exec", "-u", "0", self.container, "chown", "-R", f"{self.uid}:{self.uid}", TESTBED)
-            if chown.returncode != 0:
-                raise SandboxFailure(f"could not prepare {TESTBED} in {self.image}: {chown.stderr.strip()[:300]}")
-            info = _engine("inspect", "--format", "{{json .Mounts}}", self.container)
-            for m in json.loads(info.stdout or "[]") or []:
+            chown = self._exec_root(["chown", "-R", f"{self.uid}:{self.uid}", TESTBED])
+            if chown.exit_code != 0:
+                raise SandboxFailure(f"could not prepare {TESTBED} in {self.image}: {chown.output.strip()[:300]}")
+            for m in self._state().get("Mounts") or []:
                 if m.get("Destination") == TESTBED and m.get("Source") and os.path.isdir(m["Source"]):
                     self.workspace = Path(m["Source"])  # a local engine: the quota watch reads it
                     self.local_workspace = True
@@ -225,10 +257,10 @@ class DockerSandbox(Sandbox):
 
     def _run(self, command: str, timeout_s: float, output_bytes: int) -> CommandResult:
         watch = self.disk_watch() if self.local_workspace else None
-        path = local_socket()
-        if path is not None:  # a local engine: straight to its API (no CLI start per command)
+        api = self._api()
+        if api is not None:  # a local engine: straight to its API (no CLI start per command)
             try:
-                res, _ = EngineAPI(path, ENGINE_TIMEOUT_S).exec(
+                res, _ = api.exec(
                     self.container, self._cmd(command), user=f"{self.uid}:{self.uid}", workdir=TESTBED,
                     env=self._env(), timeout_s=timeout_s, output_bytes=output_bytes, watch=watch)
             except EngineError as e:
@@ -247,18 +279,18 @@ class DockerSandbox(Sandbox):
         return res
 
     def _kill_all(self) -> None:
-        _engine("exec", "-u", f"{self.uid}:{self.uid}", self.container, "kill", "-9", "-1", timeout=30)
+        try:
+            self._exec_root(["kill", "-9", "-1"], user=f"{self.uid}:{self.uid}")
+        except SandboxFailure:
+            pass  # _check_alive names the cause
 
     def _check_alive(self, res: CommandResult) -> None:
         """Raise :class:`SandboxFailure` when the engine or the container, not the command, failed."""
-        proc = _engine("inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}}", self.container, timeout=30)
-        if proc.returncode != 0:
-            raise SandboxFailure(f"the Docker engine failed during the command: {proc.stderr.strip()[:300]} "
+        state = self._state().get("State") or {}
+        if state.get("Status") != "running":
+            why = " (killed for memory)" if state.get("OOMKilled") else ""
+            raise SandboxFailure(f"the sandbox container {self.container} is {state.get('Status')}{why}, not running "
                                  f"(command output: {res.output.strip()[-300:]!r})")
-        status, _, oom = proc.stdout.strip().partition(" ")
-        if status != "running":
-            why = " (killed for memory)" if oom == "true" else ""
-            raise SandboxFailure(f"the sandbox container {self.container} is {status}{why}, not running")
 
     def workspace_bytes(self) -> int:
         return super().workspace_bytes() if self.local_workspace else 0
@@ -266,8 +298,12 @@ class DockerSandbox(Sandbox):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            api = self._api()
             try:  # an engine that is gone leaves the container to the next run's reap_leftovers
-                _engine("rm", "-f", "-v", self.container)
-            except SandboxFailure:
+                if api is not None:
+                    api.call("DELETE", f"/containers/{self.container}?force=1&v=1")
+                else:
+                    _engine("rm", "-f", "-v", self.container)
+            except (SandboxFailure, EngineError):
                 pass
         super().close()
