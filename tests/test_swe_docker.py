@@ -248,12 +248,17 @@ def test_a_killed_container_errors_the_pool_episode_and_the_slot_serves_the_next
         worker = pool.pool.worker_pids()[0]
         mine = [c for c in _containers() if _owner_pid(c) == worker]
         assert len(mine) == 1
-        subprocess.run(["docker", "rm", "-f", mine[0]], capture_output=True, check=True)
+        volume = subprocess.run(["docker", "inspect", "--format", "{{range .Mounts}}{{.Name}}{{end}}", mine[0]],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        subprocess.run(["docker", "rm", "-f", mine[0]], capture_output=True, check=True)  # its volume stays
         with pytest.raises(EnvError, match=r"exception: SandboxFailure: .*(container|engine)") as e:
             pool.step(0, "ls")
         assert e.value.cause == "exception"
         pool.reset(0, seed=1)
         assert "README.md" in pool.step(0, "ls")[0]
+    # the errored episode's volume went with its sandbox; nothing of the pool's is left
+    assert subprocess.run(["docker", "volume", "inspect", volume], capture_output=True).returncode != 0
+    assert not [c for c in _containers() if _owner_pid(c) == worker]
 
 
 def _owner_pid(container: str) -> int:

@@ -172,6 +172,7 @@ class DockerSandbox(Sandbox):
         self.uid = secrets.SystemRandom().randrange(*PRIVATE_UID_RANGE)
         self.container = f"crl-swe-{uuid.uuid4().hex[:12]}"
         self.local_workspace = workspace is not None
+        self.volume = ""  # the anonymous volume holding /testbed
         lim = self.limits
         argv = ["run", "-d", "--init", "--pull=never", "--name", self.container, "--label", f"{LABEL}=1",
                 "--label", f"{OWNER_LABEL}={_owner()}", "--network", "none", "--hostname", "sandbox",
@@ -238,6 +239,8 @@ class DockerSandbox(Sandbox):
             if chown.exit_code != 0:
                 raise SandboxFailure(f"could not prepare {TESTBED} in {self.image}: {chown.output.strip()[:300]}")
             for m in self._state().get("Mounts") or []:
+                if m.get("Destination") == TESTBED and m.get("Name"):
+                    self.volume = m["Name"]  # removed in close() even if the container was removed without it
                 if m.get("Destination") == TESTBED and m.get("Source") and os.path.isdir(m["Source"]):
                     self.workspace = Path(m["Source"])  # a local engine: the quota watch reads it
                     self.local_workspace = True
@@ -302,8 +305,12 @@ class DockerSandbox(Sandbox):
             try:  # an engine that is gone leaves the container to the next run's reap_leftovers
                 if api is not None:
                     api.call("DELETE", f"/containers/{self.container}?force=1&v=1")
+                    if self.volume:
+                        api.call("DELETE", f"/volumes/{self.volume}?force=1")
                 else:
                     _engine("rm", "-f", "-v", self.container)
+                    if self.volume:
+                        _engine("volume", "rm", "-f", self.volume)
             except (SandboxFailure, EngineError):
                 pass
         super().close()
