@@ -15,7 +15,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from crl_envs.swe.process import CommandResult, _BoundedOutput
+from crl_envs.swe.process import BoundedOutput, CommandResult
 
 API = "/v1.41"  # Docker 20.10's API version; later engines still serve it
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -109,7 +109,7 @@ class EngineAPI:
         exec_id = created["Id"]
         sock, status, rest = self._send("POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False},
                                         max(1.0, timeout_s))
-        out = _BoundedOutput(output_bytes)
+        out = BoundedOutput(output_bytes)
         timed_out, stopped = False, ""
         frames = _Frames(out)
         frames.feed(rest)
@@ -159,7 +159,7 @@ class EngineAPI:
 class _Frames:
     """Demultiplexes the engine's stdout/stderr stream (8-byte headers) into one bounded output."""
 
-    def __init__(self, out: _BoundedOutput):
+    def __init__(self, out: BoundedOutput):
         self.out = out
         self.buf = b""
 
