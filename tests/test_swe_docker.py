@@ -333,3 +333,19 @@ def test_image_names_follow_swebench(insts):
     assert official_image_name(inst) == ImageSpec(inst.instance_id, "FROM x", "swebench").name
     django = replace(inst, instance_id="django__django-11099")
     assert official_image_name(django) == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+
+
+def test_the_engine_stream_is_demultiplexed_and_bounded_across_split_frames():
+    import struct
+
+    from crl_envs.swe.docker_api import _dechunk, _Frames
+    from crl_envs.swe.process import BoundedOutput
+
+    out = BoundedOutput(64)
+    frames = _Frames(out)
+    stream = b"".join(struct.pack(">BxxxI", kind, len(data)) + data
+                      for kind, data in ((1, b"hello "), (2, b"err\n"), (1, b"x" * 200)))
+    for i in range(0, len(stream), 5):  # frames arrive cut at arbitrary points
+        frames.feed(stream[i:i + 5])
+    assert out.total == 210 and out.truncated and out.text().startswith("hello err\n")
+    assert _dechunk(b"4\r\n{\"a\"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\n\r\n") == b'{"a": 1}'

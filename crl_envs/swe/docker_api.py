@@ -42,6 +42,7 @@ class EngineAPI:
     def __init__(self, path: str, timeout_s: float = 60.0):
         self.path = path
         self.timeout_s = timeout_s
+        self.chunked = False  # whether the last answer's body is chunked
 
     def _send(self, method: str, url: str, body: dict | None, timeout_s: float) -> tuple[socket.socket, int, bytes]:
         """Send a request; returns the socket, the status and the bytes read past the headers."""
@@ -69,10 +70,8 @@ class EngineAPI:
             sock.close()
             raise EngineError(f"the Docker engine at unix://{self.path} failed: {e}") from e
         header, _, rest = buf.partition(b"\r\n\r\n")
-        status = int(header.split(b" ", 2)[1])
-        if b"transfer-encoding: chunked" in header.lower():
-            rest = b"\x00chunked\x00" + rest  # marker for _body
-        return sock, status, rest
+        self.chunked = b"transfer-encoding: chunked" in header.lower()  # large JSON answers come chunked
+        return sock, int(header.split(b" ", 2)[1]), rest
 
     def call(self, method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
         """A JSON call; returns ``(status, decoded body)``."""
@@ -87,7 +86,7 @@ class EngineAPI:
             raise EngineError(f"the Docker engine at unix://{self.path} failed mid-answer: {e}") from e
         finally:
             sock.close()
-        text = _dechunk(rest[len(b"\x00chunked\x00"):]) if rest.startswith(b"\x00chunked\x00") else rest
+        text = _dechunk(rest) if self.chunked else rest
         try:
             return status, (json.loads(text) if text.strip() else {})
         except json.JSONDecodeError:
