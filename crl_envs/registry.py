@@ -78,6 +78,12 @@ def register_builtin_envs() -> None:
     for variant, steps in minihack_tasks.items():
         _register(f"crl/MiniHack-{variant}-v0", "crl_envs.minihack.env:MiniHackTextEnv", steps,
                   task=f"MiniHack-{variant}-v0")
+    # Learning-ready: start and staircase vary by seed (1-4 moves apart) and 16 steps per episode
+    # (the learning prototype's cap, DESIGN.md section 9), so uniform random wins about a third of the
+    # episodes and the oracle all of them (benchmarks/minihack_learnable.py): inside the 20-60% band
+    # where group RL sees both wins and losses, with room for a prior worse than random.
+    _register("crl/MiniHack-Room-Random-5x5-Short-v0", "crl_envs.minihack.env:MiniHackTextEnv", 16,
+              task="MiniHack-Room-Random-5x5-v0")
     # ---------------------------------------------------------------- ALFWorld
     # 50 steps per episode: ALFWorld's standard budget (ReAct, Reflexion, AgentBench, Complementary RL).
     # Generated games need no data; Official reads $ALFWORLD_DATA (make fails with instructions without it).

@@ -19,8 +19,10 @@ and fails calls still in flight with cause ``"closed"``; a thread still inside a
 then is a daemon thread that exits when the call returns.
 
 With ``threads=False`` env calls run directly on the event loop: the lowest per-step
-overhead, for cheap envs (Sokoban, MiniHack) in tight loops, but no timeouts and a slow
-step blocks the loop.
+overhead, for cheap envs in tight loops, but no timeouts and a slow step blocks the loop. The
+default, ``threads="auto"``, does that only for envs whose class declares
+``TextEnv.fast_steps = True`` (Sokoban, MiniHack, WebShop: steps of microseconds to a few
+milliseconds, where the thread hand-off, 50-100 µs, would dominate); every other env gets its thread.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 from crl_envs.pool.host import EnvHost
 from crl_envs.pool.slots import SlotTable, check_method, parse_envs
+from crl_envs.registry import env_class
 
 _TIMED_OUT = object()  # a call's outcome when its timeout fired first
 _CLOSED = object()  # ... when the pool was closed under it
@@ -91,8 +94,9 @@ class InlinePool:
         envs: ``(env_id, make_kwargs)`` pairs (or bare ids), one per slot.
         timeout: seconds a ``step``/``call`` may run before its env is abandoned.
         reset_timeout: the same for ``reset`` and env creation (first resets build caches).
-        threads: ``False`` runs env calls on the event loop itself (no timeouts; a slow step
-            blocks the loop), for cheap envs where the thread hand-off dominates.
+        threads: ``True``: a thread per slot; ``False``: env calls run on the event loop itself (no
+            timeouts; a slow step blocks the loop); ``"auto"`` (default): on the loop for envs that
+            declare ``fast_steps``, a thread for the others.
         close_timeout: how long ``close()`` waits, in all, for the threads to close their envs.
 
     Use it as ``async with InlinePool([...]) as pool:`` or call :meth:`close`.
@@ -103,10 +107,14 @@ class InlinePool:
         envs: list[tuple[str, dict[str, Any]] | str],
         timeout: float = 60.0,
         reset_timeout: float = 300.0,
-        threads: bool = True,
+        threads: bool | str = "auto",
         close_timeout: float = 5.0,
     ):
         pairs = parse_envs(envs)
+        if threads not in (True, False, "auto"):
+            raise ValueError(f"threads must be True, False or 'auto', got {threads!r}")
+        self._on_loop = [threads is False or (threads == "auto" and bool(getattr(env_class(e), "fast_steps", False)))
+                         for e, _ in pairs]
         self.slots = SlotTable(pairs, len(pairs), "thread")  # host n is slot n's thread
         self.timeout, self.reset_timeout = timeout, reset_timeout
         self.threads, self.close_timeout = threads, close_timeout
@@ -114,7 +122,7 @@ class InlinePool:
         self._abandoned: list[_SlotThread] = []
         self._inflight: list[asyncio.Future | None] = [None] * len(pairs)
         self._locks = [asyncio.Lock() for _ in pairs]  # one call at a time per slot
-        self._host = EnvHost()  # threads=False: every env, on the loop
+        self._host = EnvHost()  # the envs that run on the loop
         self._restarts = 0
         self._started = False
         self._closed = False
@@ -140,9 +148,9 @@ class InlinePool:
 
     async def _make(self, slot: int) -> None:
         s = self.slots[slot]
-        if not self.threads:
-            try:
-                self.slots.made(slot, self._host.make(slot, s.spec, s.kwargs))
+        if self._on_loop[slot]:
+            try:  # built off the loop (WebShop builds its catalog, MiniHack loads NetHack), then served on it
+                self.slots.made(slot, await asyncio.to_thread(self._host.make, slot, s.spec, s.kwargs))
             except Exception as e:  # noqa: BLE001 - the slot's next call reports it again
                 raise self.slots.error(slot, "exception", f"{type(e).__name__}: {e}") from None
             return
@@ -241,7 +249,8 @@ class InlinePool:
             await self.start()
         if self._closed:
             raise self.slots.error(slot, "closed", "the pool was closed")
-        if not self.threads:
+        if self._on_loop[slot]:
+            await asyncio.sleep(0)  # yield once per call, so an episode of a fast env never starves other tasks
             self.slots.begin(slot, method)
             try:
                 return self._host.call(slot, method, args, kwargs)

@@ -52,6 +52,8 @@ class SokobanEnv(TextEnv):
     * v0: initial version (generator version 1).
     """
 
+    fast_steps = True  # microsecond-to-millisecond steps: in-process pools call it on the event loop
+
     family = "Sokoban"
 
     def __init__(self, size: int = 6, num_boxes: int = 2, render_mode: str | None = None):

@@ -68,6 +68,8 @@ class WebShopEnv(TextEnv):
     * v0: initial version (generator version 1).
     """
 
+    fast_steps = True  # microsecond-to-millisecond steps: in-process pools call it on the event loop
+
     family = "WebShop"
 
     def __init__(self, source: str = "generated", split: str = "test", num_products: int | None = None,
