@@ -14,7 +14,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import crl_agent.agents  # noqa: F401 - first, or crl_agent.rollout's import cycle fails (see eval/view/data.py)
 from crl_agent.rollout import episode_key
 
 SOKOBAN = "crl/Sokoban-6x6-2-v0"

@@ -14,9 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# eval.results -> crl_agent.rollout -> crl_agent.agents -> crl_agent.rollout is a cycle unless the agents
-# package is imported first (as eval.run does); until that is untangled, import it first here too.
-import crl_agent.agents  # noqa: F401
 from eval.report import agent_label, load_run
 from eval.trajectories import load_trajectories
 
