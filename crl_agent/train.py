@@ -167,6 +167,16 @@ def turn_samples(episodes: list[Episode], advantages: list[float]):
     return samples
 
 
+async def update(llm, learner, samples) -> dict[str, float]:
+    """One learner update on the backend's own thread between batches (no generation runs meanwhile);
+    the backend's policy version then equals the learner's and its stale prefix cache is dropped."""
+    metrics: dict[str, float] = {}
+    if samples:
+        await llm.update_weights(lambda _model: metrics.update(learner.update(samples)))
+        llm.set_policy_version(learner.version)
+    return metrics
+
+
 def extractor_samples(manager, step: int, cooldown: int, batch: int):
     """The extractor's CISPO batch: calls with a meta-reward, advantage = (reward - mean) * weight."""
     from crl_agent.rl import TurnSample
@@ -286,9 +296,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                                          scale=cfg.adv_scale).tolist() if kept else []
             # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
             samples = turn_samples([e for _, e in kept], adv)
-            metrics = await asyncio.to_thread(learner.update, samples) if samples else {}
-            if metrics.get("updated"):
-                llm.bump_policy_version()  # == learner.version: the backend drops its stale prefix cache
+            metrics = await update(llm, learner, samples)
             row = {"step": step + 1, "time_s": 0.0, "episodes": len(episodes), "errored": len(episodes) - len(kept),
                    "train_success": sum(rewards) / max(1, len(rewards)),
                    **{f"actor/{k}": v for k, v in metrics.items()}}
@@ -308,9 +316,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                     await manager.flush()
                     ext_samples, used = extractor_samples(manager, step + 1, cfg.cooldown, cfg.extractor_batch)
                     if ext_samples:
-                        ext_metrics = await asyncio.to_thread(ext_learner.update, ext_samples)
-                        if ext_metrics.get("updated"):
-                            extractor.bump_policy_version()
+                        ext_metrics = await update(extractor, ext_learner, ext_samples)
                         manager.mark_trained(used, step + 1)
                         row.update({f"extractor/{k}": v for k, v in ext_metrics.items()})
                         row["extractor/reward"] = sum(s.reward for s in used) / len(used)
