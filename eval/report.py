@@ -192,7 +192,9 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     # another --seed): plot only the episodes the summary is about.
     run = summary.get("run") or {}
     if isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
-        wanted = {episode_key(e, run["seed"] + i) for e in summary.get("tasks", {}) for i in range(run["episodes"])}
+        samples = run.get("samples") if isinstance(run.get("samples"), int) else 1
+        wanted = {episode_key(e, run["seed"] + i, k) for e in summary.get("tasks", {}) for i in range(run["episodes"])
+                  for k in range(samples)}
         latest = {k: r for k, r in latest.items() if k in wanted}
     records = list(latest.values())
     return summary, records

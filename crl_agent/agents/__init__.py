@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-from crl_agent.agents.base import Agent, EpisodeContext, EpisodeResult, Policy
+from crl_agent.agents.base import Agent, EpisodeContext, Policy
+from crl_agent.rollout import Episode, EpisodeResult
 
 BUILTIN = {
     "random": "crl_agent.agents.random:RandomAgent",
@@ -13,7 +14,7 @@ BUILTIN = {
     "crl": "crl_agent.agents.crl:CRLAgent",
 }
 
-__all__ = ["Agent", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "BUILTIN"]
+__all__ = ["Agent", "Episode", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "BUILTIN"]
 
 
 def load_agent_class(name: str) -> type[Agent]:

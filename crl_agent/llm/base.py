@@ -234,6 +234,11 @@ class LLM(abc.ABC):
         self._weights_changed()
         return self.policy_version
 
+    def set_policy_version(self, version: int) -> None:
+        """Set :attr:`policy_version` after weights were loaded (e.g. a resumed trainer's), dropping stale caches."""
+        self.policy_version = int(version)
+        self._weights_changed()
+
     def _weights_changed(self) -> None:  # noqa: B027 - optional hook
         """Backends drop whatever they cached from the old weights (called by :meth:`bump_policy_version`)."""
 
