@@ -50,7 +50,7 @@ from crl_agent.agents.base import EpisodeContext
 from crl_agent.rollout import Episode, PoolSlot, run_episode
 
 MODES = ("grpo", "crl")
-RESUMABLE_CHANGES = ("steps",)  # a resumed run may train for longer; anything else must match
+RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads")  # a resumed run may train for longer; anything else must match
 
 
 @dataclass
@@ -62,6 +62,7 @@ class TrainConfig:
     model: str | None = None  # a local causal LM directory (default: the embedded SmolLM2-135M-Instruct)
     device: str = "cpu"
     dtype: str | None = None  # default: bf16 where the CPU has fast bf16, else fp32
+    threads: int = 0  # torch CPU threads (0: torch's default)
     steps: int = 30  # training steps (rollout + update)
     groups: int = 4  # training seeds per step
     group_size: int = 8  # rollouts per seed (K); crl mode plays K/2 without experience, K/2 with it
@@ -84,6 +85,7 @@ class TrainConfig:
     eval_seed: int = 1_000_000  # held-out seeds are eval_seed, eval_seed+1, ...; training seeds start at 0
     seed: int = 0
     concurrency: int = 32  # episodes in flight
+    time_budget_min: float = 0.0  # stop training after this many minutes (then the final evaluation); 0: none
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -104,13 +106,15 @@ def build(cfg: TrainConfig, out: Path):
     from crl_agent.llm import make_llm
     from crl_agent.rl import PolicyLearner, add_lora
 
-    llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+    threads = {"num_threads": cfg.threads} if cfg.threads > 0 else {}
+    llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)
     trained = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: inference shares it
     learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget)
     opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed)
     extractor = extractor_learner = None
     if cfg.mode == "crl":
-        extractor = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed + 1)
+        extractor = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed + 1,
+                             **threads)
         ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
         extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo", token_budget=cfg.token_budget)
         agent = CRLAgent(llm=llm, extractor=extractor, run_dir=str(out), embedder=cfg.embedder, **opts)
@@ -262,7 +266,10 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             evals.append(await evaluate(cfg, agent, 0))
             append_jsonl(out / "evals.jsonl", evals[-1])
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}", disable=quiet)
+        began = time.perf_counter()
         for step in bar:
+            last = step + 1 == cfg.steps or (cfg.time_budget_min > 0 and
+                                             time.perf_counter() - began > 60 * cfg.time_budget_min)
             t0 = time.perf_counter()
             # 1. rollout: `groups` seeds x K rollouts; crl: the first K/2 of each group without experience
             manager = getattr(agent, "manager", None)
@@ -311,13 +318,15 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             append_jsonl(out / "metrics.jsonl", row)
             bar.set_postfix(success=f"{row['train_success']:.2f}")
             # 5. held-out evaluation and an atomic checkpoint
-            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
+            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
                 evals.append(await evaluate(cfg, agent, step + 1))
                 append_jsonl(out / "evals.jsonl", evals[-1])
             models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
             learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
             save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
                             learners=learners, extra={"evals": evals})
+            if last:
+                break
         plot_curve(out, evals, cfg)
     finally:
         await agent.aclose()

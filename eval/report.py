@@ -16,13 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eval.fmt import pct
 from eval.results import EpisodeLog, episode_key
 
 HEADER = ["task", "episodes", "success % ± SE", "progress %", "mean actions", "tokens in/out", "errored"]
-
-
-def _pct(x: float) -> str:
-    return "n/a" if x != x else f"{100 * x:.1f}"
 
 
 def _tokens(t: dict[str, Any]) -> str:
@@ -37,15 +34,15 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
             [
                 env_id,
                 str(t["episodes"]),
-                f"{_pct(t['success'])} ± {_pct(t['success_se'])}",
-                f"{_pct(t['progress'])}",
+                f"{pct(t['success'])} ± {pct(t['success_se'])}",
+                f"{pct(t['progress'])}",
                 f"{t['mean_actions']:.1f}" if t["episodes"] else "n/a",
                 _tokens(t),
                 str(t["errored"]),
             ]
         )
     m = summary["macro"]
-    out.append(["macro average", "", f"{_pct(m['success'])} ± {_pct(m['success_se'])}", _pct(m["progress"]), "", "",
+    out.append(["macro average", "", f"{pct(m['success'])} ± {pct(m['success_se'])}", pct(m["progress"]), "", "",
                 ""])
     return out
 

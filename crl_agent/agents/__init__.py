@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 
 from crl_agent.agents.base import Agent, EpisodeContext, Policy
-from crl_agent.rollout import Episode, EpisodeResult
 
 BUILTIN = {
     "random": "crl_agent.agents.random:RandomAgent",
@@ -30,3 +29,12 @@ def load_agent_class(name: str) -> type[Agent]:
     if not (isinstance(cls, type) and issubclass(cls, Agent)):
         raise ValueError(f"{path!r} is not a subclass of crl_agent.agents.base.Agent")
     return cls
+
+
+def __getattr__(name: str):
+    # Episode lives in crl_agent.rollout, which imports this package: loaded on first use, not at import.
+    if name in ("Episode", "EpisodeResult"):
+        from crl_agent import rollout
+
+        return getattr(rollout, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
