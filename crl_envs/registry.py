@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 PLUGIN_GROUP = "crl_envs.plugins"
 
@@ -146,13 +147,6 @@ def backend_installed(env_id: str) -> bool:
 def check_env_id(env_id: str) -> None:
     """Raise a helpful error for an unknown id or a missing backend."""
     if env_id not in gym.registry:
-        for fam in FAMILIES.values():
-            if env_id.startswith(f"crl/{fam.name}-") and not any(
-                i.startswith(f"crl/{fam.name}-") for i in gym.registry
-            ):
-                raise gym.error.NameNotFound(
-                    f"{env_id}: the {fam.name} family has not landed in this version of crl-bench yet"
-                )
         close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise gym.error.NameNotFound(
@@ -163,6 +157,39 @@ def check_env_id(env_id: str) -> None:
         raise gym.error.DependencyNotInstalled(
             f"{env_id} needs the {fam.name} backend: pip install -e \".[{fam.extra}]\""
         )
+
+
+def env_class(env_id: str) -> type:
+    """The class of ``env_id``'s envs, read without building one (its module is imported, nothing else).
+
+    Harnesses read class attributes through it, e.g. ``step_time_limit_s`` or whether the env
+    ships a solver (:func:`has_solver`). An entry point that is a factory function rather than
+    a class gives no class until it runs: for those alone, one env is built, its unwrapped
+    class taken, and the env closed.
+
+    Raises:
+        gymnasium.error.NameNotFound, gymnasium.error.DependencyNotInstalled: as :func:`check_env_id`.
+    """
+    check_env_id(env_id)
+    spec = gym.spec(env_id)
+    creator = spec.entry_point
+    if isinstance(creator, str):
+        creator = load_env_creator(creator)
+    if isinstance(creator, type):
+        return creator
+    env = gym.make(spec)  # a factory: only its product knows the class
+    try:
+        return type(env.unwrapped)
+    finally:
+        env.close()
+
+
+def has_solver(env_id: str) -> bool:
+    """Whether ``env_id`` ships a solver, i.e. its class overrides ``TextEnv.oracle_action`` (``--agent oracle``)."""
+    from crl_envs.core import TextEnv
+
+    impl = getattr(env_class(env_id), "oracle_action", None)
+    return callable(impl) and impl is not TextEnv.oracle_action
 
 
 def make(env_id: str, **kwargs) -> gym.Env:

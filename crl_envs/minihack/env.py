@@ -83,6 +83,8 @@ class MiniHackTextEnv(TextEnv):
       no published result depended on the older text (the ``llm`` baselines were rerun).
     """
 
+    fast_steps = True  # NetHack steps take microseconds: in-process pools call it on the event loop
+
     family = "MiniHack"
 
     def __init__(self, task: str = "MiniHack-Room-5x5-v0", objects: bool = True, render_mode: str | None = None):
