@@ -11,6 +11,7 @@ go to every agent whose constructor takes them. ``--objects off`` builds the env
 ``objects=False`` (the older observation: no Objects part, a legend of every symbol), which
 ``python -m eval.run`` cannot ask for. Prints success ± standard error and the mean number
 of actions per episode; ``--out`` keeps each run's ``episodes.jsonl`` and a ``summary.json``.
+Untrained model in score mode: ``--agent llm --agent-arg action_mode=score --agent-arg temperature=1``.
 
 The task (``crl/MiniHack-Room-Random-5x5-Short-v0``): a lit 5x5 room whose start and
 staircase vary by seed (1-4 moves apart), 16 steps per episode.
@@ -32,8 +33,8 @@ warnings.filterwarnings("ignore", message=".*pkg_resources.*")
 
 import crl_envs  # noqa: E402,F401
 from crl_agent.agents import load_agent_class  # noqa: E402
-from eval.results import EpisodeLog  # noqa: E402
-from eval.run import agent_kwargs, build_parser, make_agent, run_task  # noqa: E402
+from eval.recorder import RunRecorder  # noqa: E402
+from eval.run import TaskRun, agent_kwargs, build_parser, make_agent, run_task  # noqa: E402
 
 ENV_ID = "crl/MiniHack-Room-Random-5x5-Short-v0"
 
@@ -70,10 +71,10 @@ async def measure(agent_name: str, options: dict, env_id: str, seeds: list[int],
                   out: Path) -> dict:
     """Play ``seeds`` with one agent; return success, its standard error and mean actions."""
     agent = make_agent(agent_name, seeds[0], options, run_dir=out)
-    log = EpisodeLog(out / "episodes.jsonl")
+    task = TaskRun(env_id, [(i, seed, 0) for i, seed in enumerate(seeds)], make_kwargs={"objects": objects})
     try:
-        records = await run_task(env_id, agent, seeds, log, concurrency=1, quiet=True,
-                                 make_kwargs={"objects": objects})
+        with RunRecorder(out, "none") as recorder:
+            records = await run_task(task, agent, recorder)
     finally:
         await agent.aclose()
     errors = [r for r in records if r.get("error")]
