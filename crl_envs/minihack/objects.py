@@ -1,6 +1,6 @@
 """The Objects part of a MiniHack observation: what is on the map and exactly where.
 
-Every map cell whose glyph is not floor, wall or darkness (doors, stairs, traps, fountains,
+Every map cell whose glyph is not floor (corridors too), wall or darkness (doors, stairs, traps, fountains,
 items, monsters, remembered unseen monsters, ...) is listed with NetHack's own screen
 description, its symbol and its offset from the agent in compass words and steps, nearest
 first::

@@ -1,10 +1,12 @@
 """Text rendering of NetHack observations: map, status lines, position, objects, legend, inventory.
 
 NLE hands back views into buffers it reuses every step, so nothing here keeps a reference
-to an array: everything is read out as bytes (``ndarray.tobytes``, one C copy) and sliced
-in Python, which is much cheaper than numpy calls on arrays this small. Only the cells of
-the trimmed map are scanned for the legend, and decoded descriptions and inventories are
-cached by their raw bytes. The Objects part comes from :mod:`crl_envs.minihack.objects`.
+to an array: everything is read out as bytes (``ndarray.tobytes``, one C copy, or a
+memoryview) and sliced in Python, which is much cheaper than numpy calls on arrays this
+small. The legend's symbols are found by byte searches, decoded descriptions and
+inventories are cached by their raw bytes, and the map, Objects and legend text is reused
+while everything it is made from is unchanged. The Objects part comes from
+:mod:`crl_envs.minihack.objects`.
 """
 
 from __future__ import annotations
