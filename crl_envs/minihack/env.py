@@ -80,7 +80,7 @@ class MiniHackTextEnv(TextEnv):
 
     ## Version History
     * v0: initial version. The Objects part was added later without a version bump, because
-      no published result depended on the older text (the ``llm`` baselines were rerun).
+      no published result depended on the older text (the committed ``llm`` baselines are rerun).
     """
 
     fast_steps = True  # NetHack steps take microseconds: in-process pools call it on the event loop
