@@ -231,6 +231,11 @@ class ExperienceBank:
                 self._db = None
                 unlock_folder(self._lockfile)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (a closed bank can be neither read nor written)."""
+        return self._db is None
+
     def __enter__(self) -> ExperienceBank:
         return self
 
@@ -444,6 +449,16 @@ class ExperienceBank:
             except RuntimeError:  # too few reachable nodes (many deletions): score exactly instead
                 return self._exact(queries, sorted(pool), k)
         return [[(int(i), float(s)) for i, s in zip(lr, sr, strict=True)] for lr, sr in zip(labels, sims, strict=True)]
+
+    def search_exact(self, queries: np.ndarray, k: int, task: str | None = None) -> list[list[tuple[int, float]]]:
+        """:meth:`search_vectors` by scoring every vector (no graph): slow, but the true neighbours."""
+        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+        with self._lock:
+            ids = self.ids(task)
+            k = min(k, len(ids))
+            if k <= 0:
+                return [[] for _ in range(len(queries))]
+            return self._exact(queries, ids, k)
 
     def _exact(self, queries: np.ndarray, ids: list[int], k: int) -> list[list[tuple[int, float]]]:
         vecs = self.embeddings(ids)
