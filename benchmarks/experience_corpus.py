@@ -273,12 +273,37 @@ def embed_cached(texts: list[str], tag: str, chunk: int = 2048, verbose: bool = 
     return out
 
 
+def _entry_text(entry: tuple[str, str, str]) -> str:
+    return f"{entry[1]}\n{entry[2]}"  # as the bank embeds an entry
+
+
+def _cached_sizes(tag: str) -> list[int]:
+    """Sizes of the cached vector files of ``tag`` at this corpus version, largest first."""
+    sizes = []
+    for f in cache_dir().glob(f"{tag}-v{CORPUS_VERSION}-*-*.npy"):
+        size = f.stem.split("-")[2]
+        if size.isdigit():
+            sizes.append(int(size))
+    return sorted(sizes, reverse=True)
+
+
+def _prefix(make, n: int, tag: str, text) -> tuple[list, np.ndarray]:
+    """The first ``n`` items of ``make(size)`` and their vectors, sliced from a larger cached run
+    when one exists (the generators are deterministic, so a larger run starts with the smaller one)."""
+    for size in [s for s in _cached_sizes(tag) if s > n]:
+        items = make(size)
+        digest = hashlib.sha256("\x00".join(text(i) for i in items).encode()).hexdigest()[:16]
+        path = cache_dir() / f"{tag}-v{CORPUS_VERSION}-{size}-{digest}.npy"
+        if path.exists():
+            return items[:n], np.load(path, mmap_mode="r")[:n].copy()
+    items = make(n)
+    return items, embed_cached([text(i) for i in items], tag)
+
+
 def corpus(n: int, n_queries: int, seed: int = 0) -> tuple[list[tuple[str, str, str]], np.ndarray, list[str], np.ndarray]:
     """Entries, their vectors (embedded as the bank does: ``title\\ncontent``), queries and theirs."""
-    es = entries(n, seed)
-    qs = queries(n_queries, seed + 1)
-    ev = embed_cached([f"{t}\n{c}" for _, t, c in es], "entries")
-    qv = embed_cached(qs, "queries")
+    es, ev = _prefix(lambda size: entries(size, seed), n, "entries", _entry_text)
+    qs, qv = _prefix(lambda size: queries(size, seed + 1), n_queries, "queries", str)
     return es, ev, qs, qv
 
 

@@ -274,3 +274,23 @@ def test_closed_and_search_exact_are_public(tmp_path):
     assert b.search_exact(q, 3, task="no such task") == [[]]
     b.close()
     assert b.closed
+
+
+def test_a_small_task_search_sees_every_add_update_and_delete(tmp_path):
+    task = "crl/Sokoban-6x6-2-v0"
+    with ExperienceBank(tmp_path / "b", embedder="hash") as b:
+        b.add(*RULES[0])
+        b.add(*RULES[1])
+        b.add(*RULES[2])  # another task: never returned for this one
+
+        def titles(query: str) -> list[str]:
+            return [b.get(i).title for i, _ in b.search_vectors(b.embedder.embed([query]), 8, task)[0]]
+
+        assert set(titles("locked door key")) == {"Corners", "Walls"}
+        keys = b.add(task, "Keys here", "If the door is locked, then pick up the key.")
+        assert titles("locked door key")[0] == "Keys here"
+        b.update(keys.id, content="If a box is stuck, then restart.")
+        assert titles("box stuck restart")[0] == "Keys here"
+        b.delete([keys.id])
+        assert set(titles("locked door key")) == {"Corners", "Walls"}
+        assert "Keys here" not in titles("box stuck restart")

@@ -69,7 +69,9 @@ class ExperienceBank:
             of refusing to open.
         ef_search, m, ef_construction: hnswlib parameters.
         brute_force_below: searches restricted to at most this many entries (a small task)
-            skip the graph and score every vector exactly.
+            skip the graph and score every vector exactly; such a task's vectors are kept as
+            one matrix until the task changes (hnswlib hands vectors back one by one, which
+            costs far more than the search).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class ExperienceBank:
         self._lock = threading.RLock()
         self._tasks: dict[int, str] = {}
         self._by_task: dict[str, set[int]] = {}
+        self._task_matrix: dict[str, tuple[list[int], np.ndarray]] = {}  # small tasks' (ids, vectors)
         self.rebuilt_index = False
         self._saved_generation = -1
         self._db: sqlite3.Connection | None = None
@@ -244,11 +247,13 @@ class ExperienceBank:
 
     # ---------------------------------------------------------------- writes
     def _remember(self, eid: int, task: str) -> None:
+        self._task_matrix.pop(task, None)
         self._tasks[eid] = task
         self._by_task.setdefault(task, set()).add(eid)
 
     def _forget(self, eid: int) -> None:
         task = self._tasks.pop(eid)
+        self._task_matrix.pop(task, None)
         self._by_task[task].discard(eid)
         if not self._by_task[task]:
             del self._by_task[task]
@@ -348,6 +353,8 @@ class ExperienceBank:
                 if before is not None:  # the transaction rolled back (e.g. disk full): so does the index
                     self._index.add(before, [eid])
                 raise
+            finally:
+                self._task_matrix.pop(old.task, None)
         return self.get(eid)  # type: ignore[return-value]
 
     def delete(self, ids: Iterable[int]) -> int:
@@ -443,7 +450,8 @@ class ExperienceBank:
             if k <= 0:
                 return [[] for _ in range(len(queries))]
             if task is not None and len(pool) <= self.brute_force_below:
-                return self._exact(queries, sorted(pool), k)
+                ids, vecs = self._small_task(task)
+                return self._exact(queries, ids, k, vecs)
             try:
                 labels, sims = self._index.knn(queries, k, self.ef_search, None if task is None else pool)
             except RuntimeError:  # too few reachable nodes (many deletions): score exactly instead
@@ -460,8 +468,18 @@ class ExperienceBank:
                 return [[] for _ in range(len(queries))]
             return self._exact(queries, ids, k)
 
-    def _exact(self, queries: np.ndarray, ids: list[int], k: int) -> list[list[tuple[int, float]]]:
-        vecs = self.embeddings(ids)
+    def _small_task(self, task: str) -> tuple[list[int], np.ndarray]:
+        """A small task's ids and vectors as one matrix, built once per change of the task."""
+        got = self._task_matrix.get(task)
+        if got is None:
+            ids = sorted(self._by_task.get(task, ()))
+            got = self._task_matrix[task] = (ids, self._index.get(ids))
+        return got
+
+    def _exact(
+        self, queries: np.ndarray, ids: list[int], k: int, vecs: np.ndarray | None = None
+    ) -> list[list[tuple[int, float]]]:
+        vecs = self.embeddings(ids) if vecs is None else vecs
         qn = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
         sims = qn @ vecs.T
         out = []
