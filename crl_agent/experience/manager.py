@@ -1,7 +1,8 @@
 """ExperienceManager: the asyncio service between actors, the bank and the extractor.
 
-- **search**: requests are micro-batched (``batch_size`` 32, ``max_wait_ms`` 5) by the LLM
-  backends' :class:`~crl_agent.llm.batching.RequestBatcher`: one embedder call and one index pass per batch, with an LRU cache of query embeddings; results are
+- **search**: requests are micro-batched (``batch_size`` 32, ``max_wait_ms`` 5) by the
+  :class:`~crl_agent.llm.batching.RequestBatcher` the local LLM backends use: one embedder call
+  and one index pass per batch, with an LRU cache of query embeddings; results are
   diversified (:mod:`crl_agent.experience.retrieval`).
 - **distil**: :meth:`ExperienceManager.submit` queues a finished trajectory and returns at once;
   background workers call the extractor and apply its operations, so an actor never waits.
@@ -120,6 +121,8 @@ class ExperienceManager:
         self.run_tag = uuid.uuid4().hex[:8]
         self._call_counter = itertools.count()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        if self.config.batch_size < 1:
+            raise ValueError(f"ManagerConfig.batch_size must be at least 1, got {self.config.batch_size}")
         self._searches: RequestBatcher[_Request, list[ExperienceEntry]] = RequestBatcher(
             self._serve, self.config.batch_size, self.config.max_wait_ms / 1000, thread_name="experience-search"
         )
