@@ -106,7 +106,7 @@ def fill(bank: ExperienceBank, vecs: np.ndarray, tasks: list[str], chunk: int = 
 def bank_search(root: Path, name: str, vecs: np.ndarray, tasks: list[str], qs: np.ndarray,
                 q_tasks: list[str] | None) -> Path:
     """Build one bank with the default parameters; time and score searches through the bank's API."""
-    path = root / name
+    path = root / f"{name}-{len(vecs)}"
     bank = ExperienceBank(path, embedder=HashingEmbedder(DIM))
     t = time.perf_counter()
     ids = np.array(fill(bank, vecs, tasks))
@@ -218,6 +218,7 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=1000, help="queries per size")
     p.add_argument("--manager-queries", type=int, default=256, help="concurrent queries for the manager test")
     p.add_argument("--sweep", action="store_true", help="the M / ef_construction / ef trade-off table")
+    p.add_argument("--only-sweep", action="store_true", help="the trade-off table alone")
     p.add_argument("--sweep-m", default="16,24,32,48")
     p.add_argument("--sweep-efc", default="200,400")
     p.add_argument("--sweep-ef", default="64,128,256")
@@ -226,6 +227,8 @@ def main() -> None:
     p.add_argument("--no-manager", action="store_true", help="skip the MiniLM manager throughput test")
     args = p.parse_args()
     sizes = ints(args.sizes)
+    if args.only_sweep:
+        args.sweep = args.no_uniform = args.no_reopen = args.no_manager = True
     rng = np.random.default_rng(0)
     print(f"experience benchmark: {load_avg()}", flush=True)
     entries, evecs, _, qvecs = experience_corpus.corpus(max(sizes), args.queries)
@@ -234,7 +237,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="crl-bench-experience-"))
     try:
         last = None
-        for n in sizes:
+        for n in [] if args.only_sweep else sizes:
             last = bank_search(root, "minilm-corpus", evecs[:n], tasks[:n], qvecs, q_tasks)
         if args.sweep:
             sweep(evecs[: max(sizes)], qvecs, ints(args.sweep_m), ints(args.sweep_efc), ints(args.sweep_ef))

@@ -11,10 +11,17 @@ nearest-neighbour graph hard (dense clusters), unlike random vectors.
 
 The texts are embedded with the packaged all-MiniLM-L6-v2 (the bank's default embedder) and the
 vectors are cached as ``.npy`` under ``$CRL_CACHE/experience-bench`` (default
-``~/.cache/crl-bench``): 100k entries take about 10 minutes on 2 busy cores the first time. The
-cache is written in chunks, so an interrupted run resumes where it stopped.
+``~/.cache/crl-bench``), in chunks, so an interrupted run resumes where it stopped.
 
-Run: ``python benchmarks/experience_corpus.py --entries 100000`` (fills the cache; prints samples).
+What the corpus is, honestly: embedding 100k lessons takes 10 minutes on 2 idle cores and far
+longer on a busy machine, so only the first ``real`` lessons (default 20,480) are embedded; the
+rest of a larger corpus are *composites*: the normalised sum of the vectors of two real lessons of
+the same family, standing for a lesson that joins the two (MiniLM mean-pools its tokens, so the
+embedding of a joined text lies near the mean of its parts; ``--check-composites`` embeds such
+joined texts and reports how near). Composites sit between existing lessons, which makes the
+neighbourhoods denser, so they are a harder case for the graph than more real lessons would be.
+
+Run: ``python benchmarks/experience_corpus.py`` (fills the cache; prints samples).
 """
 
 from __future__ import annotations
@@ -300,19 +307,69 @@ def _prefix(make, n: int, tag: str, text) -> tuple[list, np.ndarray]:
     return items, embed_cached([text(i) for i in items], tag)
 
 
-def corpus(n: int, n_queries: int, seed: int = 0) -> tuple[list[tuple[str, str, str]], np.ndarray, list[str], np.ndarray]:
-    """Entries, their vectors (embedded as the bank does: ``title\\ncontent``), queries and theirs."""
-    es, ev = _prefix(lambda size: entries(size, seed), n, "entries", _entry_text)
+REAL = 20_480
+
+
+def composites(es: list[tuple[str, str, str]], ev: np.ndarray, n: int, seed: int = 2
+               ) -> tuple[list[tuple[str, str, str]], np.ndarray, np.ndarray]:
+    """``n`` composite lessons: two real lessons ``a != b`` of one family, vector ``normalise(va + vb)``.
+
+    Returns the entries, their vectors and the ``(a, b)`` index pairs.
+    """
+    rng = np.random.default_rng(seed)
+    members: dict[str, list[int]] = {}
+    for i, (fam, _, _) in enumerate(es):
+        members.setdefault(fam, []).append(i)
+    by_family = {f: np.array(ix) for f, ix in members.items()}
+    a = rng.integers(len(es), size=n)
+    pairs = np.empty((n, 2), dtype=np.int64)
+    for j, i in enumerate(a):
+        pool = by_family[es[i][0]]
+        b = i
+        while b == i:
+            b = int(pool[rng.integers(len(pool))])
+        pairs[j] = (i, b)
+    vecs = ev[pairs[:, 0]] + ev[pairs[:, 1]]
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    joined = [(es[i][0], es[i][1], f"{es[i][2]} {es[b][2]}") for i, b in pairs]
+    return joined, vecs.astype(np.float32), pairs
+
+
+def corpus(n: int, n_queries: int, seed: int = 0, real: int = REAL
+           ) -> tuple[list[tuple[str, str, str]], np.ndarray, list[str], np.ndarray]:
+    """``n`` entries (the first ``min(n, real)`` embedded, the rest composites), their vectors, queries and theirs."""
+    es, ev = _prefix(lambda size: entries(size, seed), min(n, real), "entries", _entry_text)
+    if n > len(es):
+        more, mv, _ = composites(es, ev, n - len(es), seed + 2)
+        es, ev = es + more, np.concatenate([ev, mv])
     qs, qv = _prefix(lambda size: queries(size, seed + 1), n_queries, "queries", str)
     return es, ev, qs, qv
+
+
+def check_composites(n: int = 200, seed: int = 0, real: int = REAL) -> None:
+    """Embed ``n`` joined texts and compare them with their composite vectors."""
+    from crl_agent.experience.embedder import SentenceTransformerEmbedder
+
+    es, ev = _prefix(lambda size: entries(size, seed), real, "entries", _entry_text)
+    joined, cv, pairs = composites(es, ev, n, seed + 2)
+    true = SentenceTransformerEmbedder().embed([_entry_text(e) for e in joined])
+    cos = np.sum(true * cv, axis=1)
+    parts = np.minimum(np.sum(true * ev[pairs[:, 0]], axis=1), np.sum(true * ev[pairs[:, 1]], axis=1))
+    print(f"composite vs embedding of the joined text: cosine mean {cos.mean():.3f}, min {cos.min():.3f} "
+          f"(the joined text vs the farther of its two parts: mean {parts.mean():.3f})")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--entries", type=int, default=100_000)
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--real", type=int, default=REAL, help="lessons embedded for real; the rest are composites")
+    p.add_argument("--check-composites", action="store_true", help="how near composites are to real embeddings")
     args = p.parse_args()
-    es, ev, qs, _ = corpus(args.entries, args.queries)
+    if args.check_composites:
+        check_composites(real=args.real)
+        return
+    es, ev, qs, _ = corpus(args.entries, args.queries, real=args.real)
     print(f"{len(es):,} entries, {ev.shape} vectors cached in {cache_dir()}")
     for fam, title, content in es[:5]:
         print(f"[{fam}] {title}\n    {content}")
