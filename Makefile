@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 EXTRAS ?= all,test
 # bubblewrap: the default sandbox of the SWE-bench envs (installed only where apt-get is available).
-APT_PACKAGES ?= bubblewrap git
+APT_PACKAGES ?= bubblewrap git chromium docker.io debootstrap
 
 .PHONY: setup run test test-all lint bench
 

@@ -1,7 +1,8 @@
-"""EnvPool throughput against the plain sequential loop, on the same actions in the same run.
+"""Env pool throughput against the plain sequential loop, on the same actions in the same run.
 
-- cheap env (Sokoban 6x6): per-step overhead of worker processes, in microseconds
-  (target <= 100 us; a peer's thread-based async vector env adds 26-96 us here);
+- cheap env (Sokoban 6x6): per-step overhead of each backend, in microseconds: the inline
+  pool (a thread per slot; and ``threads=False``, on the loop) and the process pool
+  (target <= 100 us on an idle machine; a peer's thread-based async vector env adds 26-96 us here);
 - CPU-heavy env (Sokoban that re-solves its level every step): speed-up with 2 workers on
   2 cores (target >= 1.7x).
 
@@ -44,11 +45,11 @@ def sequential(env_id: str, n_envs: int, steps: int) -> float:
     return time.perf_counter() - t
 
 
-def pooled(env_id: str, n_envs: int, steps: int, workers: int, backend: str = "process") -> float:
+def pooled(env_id: str, n_envs: int, steps: int, workers: int | None, backend: str = "process", **options) -> float:
     plans = [_actions(steps, i) for i in range(n_envs)]
 
     async def main() -> float:
-        async with make_pool([env_id] * n_envs, backend, num_workers=workers) as pool:
+        async with make_pool([env_id] * n_envs, backend, num_workers=workers, **options) as pool:
             await asyncio.gather(*(pool.reset(i, seed=i) for i in range(n_envs)))
 
             async def run(i: int) -> None:
@@ -92,6 +93,10 @@ def main() -> None:
     seq = sequential("crl/Sokoban-6x6-2-v0", n_envs, steps)
     total = n_envs * steps
     print(f"cheap env, {total} steps: sequential {seq / total * 1e6:.1f} us/step")
+    for name, options in (("inline, a thread per slot", {}), ("inline, threads=False", {"threads": False})):
+        t = pooled("crl/Sokoban-6x6-2-v0", n_envs, steps, None, "inline", **options)
+        print(f"  {name}: {t / total * 1e6:.1f} us/step, overhead {(t - seq) / total * 1e6:+.1f} us/step, "
+              f"speed ratio {seq / t:.2f}x")
     for w in (1, 2):
         t = pooled("crl/Sokoban-6x6-2-v0", n_envs, steps, w)
         print(f"  pool {w} worker(s): {t / total * 1e6:.1f} us/step, overhead {(t - seq) / total * 1e6:+.1f} us/step "

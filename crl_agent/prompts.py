@@ -66,6 +66,13 @@ FAMILY_PROMPTS: dict[str, tuple[str, str]] = {
     ),
 }
 
+SCORE_FORMAT = "Reply with exactly one of the valid actions, spelled as listed, and nothing else."
+AUTO_FORMAT = (
+    "When valid actions are listed, reply with exactly one of them, spelled as listed, and nothing else. "
+    "Otherwise write at most a few sentences of reasoning, then exactly one action inside tags, e.g. "
+    "<action>{example}</action>."
+)
+
 NO_TAG_FEEDBACK = (
     "Your last reply had no <action>...</action> tag, so it was sent to the environment as is. "
     "End every reply with exactly one action inside <action></action>."
@@ -81,10 +88,11 @@ def family_of_env_id(env_id: str) -> str:
     return m.group(1) if m and m.group(1) in FAMILY_PROMPTS else "generic"
 
 
-def system_prompt(family: str) -> str:
-    """Instructions for a family plus the action format."""
+def system_prompt(family: str, action_mode: str = "generate") -> str:
+    """Instructions for a family plus the reply format of ``action_mode`` (generate, score or auto)."""
     instructions, example = FAMILY_PROMPTS.get(family, FAMILY_PROMPTS["generic"])
-    return f"{instructions}\n\n{ACTION_FORMAT.format(example=example)}"
+    fmt = {"score": SCORE_FORMAT, "auto": AUTO_FORMAT}.get(action_mode, ACTION_FORMAT)
+    return f"{instructions}\n\n{fmt.format(example=example)}"
 
 
 def format_actions(actions: list[str] | None, limit: int = 60) -> str:
@@ -120,6 +128,11 @@ def turn_message(
         parts.append(block)
     parts.append("What is your next action?")
     return "\n\n".join(parts)
+
+
+def compact_history_message(step: int, valid: bool | None) -> str:
+    """A past turn in compact history: its step and whether the env accepted its action."""
+    return f"Step {step}." if valid is not False else f"Step {step}. (That action was invalid.)"
 
 
 def history_message(observation: str, step: int) -> str:

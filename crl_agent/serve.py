@@ -10,6 +10,8 @@ Endpoints: ``GET /v1/models``, ``GET /health`` and ``POST /v1/chat/completions``
 ``messages``, ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
 ``stop``, ``seed``, ``logprobs`` (the sampled token's log-prob; ``top_logprobs`` lists stay
 empty) and vLLM's ``return_token_ids``. No streaming and ``n`` must be 1.
+``POST /v1/completions`` takes raw prompts (text or token ids) with ``echo`` and ``logprobs``, which
+is how the ``openai`` backend scores candidates (:mod:`crl_agent.serve_completions`).
 
 It is built on the standard library (``http.server.ThreadingHTTPServer``) rather than a web
 framework: it needs no extra dependency, and one thread per connection handing requests to a
@@ -44,6 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from crl_agent.llm import BACKENDS, LLM, ContextLengthError, LLMError, SamplingParams, make_llm
+from crl_agent.serve_completions import completions_response
 
 log = logging.getLogger("crl_agent.serve")
 MAX_BODY_BYTES = 32 * 2**20
@@ -183,25 +186,7 @@ class ChatServer:
             raise HTTPError(404, f"model {body['model']!r} is not served here; this server serves {self.model_name!r}",
                             "model_not_found")
         params = sampling_params_from_request(body)
-        fut = asyncio.run_coroutine_threadsafe(self.llm.chat(messages, params), self.loop)
-        deadline = time.monotonic() + self.request_timeout
-        while True:
-            try:
-                c = fut.result(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
-                break
-            except FutureTimeout as e:
-                if time.monotonic() >= deadline:
-                    fut.cancel()
-                    raise HTTPError(504, f"completion took longer than {self.request_timeout:g}s", "timeout") from e
-                if client_gone is not None and client_gone():
-                    fut.cancel()
-                    raise ClientGone() from e
-            except ContextLengthError as e:
-                raise HTTPError(400, str(e), "context_length_exceeded") from e
-            except ValueError as e:
-                raise HTTPError(400, str(e)) from e
-            except LLMError as e:
-                raise HTTPError(500, str(e), "server_error") from e
+        c = self.wait(self.llm.chat(messages, params), client_gone)
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": c.text},
@@ -233,6 +218,40 @@ class ChatServer:
             choice["token_ids"] = list(c.token_ids)
             out["prompt_token_ids"] = list(c.prompt_token_ids or [])
         return out
+
+    def wait(self, coro: Any, client_gone: Callable[[], bool] | None = None) -> Any:
+        """Run ``coro`` on the server's loop and wait for it (runs in a connection thread).
+
+        Backend errors become :class:`HTTPError` (``ValueError`` 400, ``ContextLengthError`` 400
+        ``context_length_exceeded``, other ``LLMError`` 500); past ``request_timeout`` the work is
+        cancelled and a 504 raised; when ``client_gone()`` turns True it is cancelled and
+        :class:`ClientGone` raised.
+        """
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        deadline = time.monotonic() + self.request_timeout
+        while True:
+            try:
+                return fut.result(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
+            except FutureTimeout as e:
+                if time.monotonic() >= deadline:
+                    fut.cancel()
+                    raise HTTPError(504, f"completion took longer than {self.request_timeout:g}s", "timeout") from e
+                if client_gone is not None and client_gone():
+                    fut.cancel()
+                    raise ClientGone() from e
+            except ContextLengthError as e:
+                raise HTTPError(400, str(e), "context_length_exceeded") from e
+            except ValueError as e:
+                raise HTTPError(400, str(e)) from e
+            except LLMError as e:
+                raise HTTPError(500, str(e), "server_error") from e
+
+    def text_complete(self, body: dict[str, Any], client_gone: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Answer one ``/v1/completions`` request body (see :mod:`crl_agent.serve_completions`)."""
+        if body.get("model") not in (None, "", self.model_name):
+            raise HTTPError(404, f"model {body['model']!r} is not served here; this server serves {self.model_name!r}",
+                            "model_not_found")
+        return completions_response(self, body, client_gone)
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -318,8 +337,10 @@ class ChatServer:
                 except OSError:  # the client stalled past io_timeout or left mid-body
                     self.close_connection = True
                     return
-                if path != "/v1/chat/completions":
-                    self._error(HTTPError(404, f"no route {self.path}; use /v1/chat/completions", "not_found"))
+                routes = {"/v1/chat/completions": server.complete, "/v1/completions": server.text_complete}
+                if path not in routes:
+                    self._error(HTTPError(404, f"no route {self.path}; use /v1/chat/completions or /v1/completions",
+                                          "not_found"))
                     return
                 if not self._authorised():
                     return
@@ -330,7 +351,7 @@ class ChatServer:
                         raise HTTPError(400, f"invalid JSON body: {str(e)[:200]}") from e
                     if not isinstance(body, dict):
                         raise HTTPError(400, "the request body must be a JSON object")
-                    self._send(200, server.complete(body, self._client_gone))
+                    self._send(200, routes[path](body, self._client_gone))
                 except ClientGone:
                     log.info("%s left before its completion was ready; cancelled it", self.address_string())
                     self.close_connection = True

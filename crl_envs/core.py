@@ -69,6 +69,9 @@ class TextEnv(gym.Env[str, str]):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
     family: ClassVar[str] = "text"
+    # True where every reset and step takes at most a few milliseconds: in-process pools then call the
+    # env on the event loop instead of handing each call to a thread (which costs 50-100 µs a call).
+    fast_steps: ClassVar[bool] = False
     # The longest one step may legitimately take, in seconds, where that can be long (SWE grades a
     # whole test run inside ``submit``); harnesses keep their hung-step timeouts above it.
     step_time_limit_s: float | None = None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 PLUGIN_GROUP = "crl_envs.plugins"
 
@@ -77,6 +78,12 @@ def register_builtin_envs() -> None:
     for variant, steps in minihack_tasks.items():
         _register(f"crl/MiniHack-{variant}-v0", "crl_envs.minihack.env:MiniHackTextEnv", steps,
                   task=f"MiniHack-{variant}-v0")
+    # Learning-ready: start and staircase vary by seed (1-4 moves apart) and 16 steps per episode
+    # (the learning prototype's cap, DESIGN.md section 9), so uniform random wins about a third of the
+    # episodes and the oracle all of them (benchmarks/minihack_learnable.py): inside the 20-60% band
+    # where group RL sees both wins and losses, with room for a prior worse than random.
+    _register("crl/MiniHack-Room-Random-5x5-Short-v0", "crl_envs.minihack.env:MiniHackTextEnv", 16,
+              task="MiniHack-Room-Random-5x5-v0")
     # ---------------------------------------------------------------- ALFWorld
     # 50 steps per episode: ALFWorld's standard budget (ReAct, Reflexion, AgentBench, Complementary RL).
     # Generated games need no data; Official reads $ALFWORLD_DATA (make fails with instructions without it).
@@ -140,13 +147,6 @@ def backend_installed(env_id: str) -> bool:
 def check_env_id(env_id: str) -> None:
     """Raise a helpful error for an unknown id or a missing backend."""
     if env_id not in gym.registry:
-        for fam in FAMILIES.values():
-            if env_id.startswith(f"crl/{fam.name}-") and not any(
-                i.startswith(f"crl/{fam.name}-") for i in gym.registry
-            ):
-                raise gym.error.NameNotFound(
-                    f"{env_id}: the {fam.name} family has not landed in this version of crl-bench yet"
-                )
         close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise gym.error.NameNotFound(
@@ -157,6 +157,39 @@ def check_env_id(env_id: str) -> None:
         raise gym.error.DependencyNotInstalled(
             f"{env_id} needs the {fam.name} backend: pip install -e \".[{fam.extra}]\""
         )
+
+
+def env_class(env_id: str) -> type:
+    """The class of ``env_id``'s envs, read without building one (its module is imported, nothing else).
+
+    Harnesses read class attributes through it, e.g. ``step_time_limit_s`` or whether the env
+    ships a solver (:func:`has_solver`). An entry point that is a factory function rather than
+    a class gives no class until it runs: for those alone, one env is built, its unwrapped
+    class taken, and the env closed.
+
+    Raises:
+        gymnasium.error.NameNotFound, gymnasium.error.DependencyNotInstalled: as :func:`check_env_id`.
+    """
+    check_env_id(env_id)
+    spec = gym.spec(env_id)
+    creator = spec.entry_point
+    if isinstance(creator, str):
+        creator = load_env_creator(creator)
+    if isinstance(creator, type):
+        return creator
+    env = gym.make(spec)  # a factory: only its product knows the class
+    try:
+        return type(env.unwrapped)
+    finally:
+        env.close()
+
+
+def has_solver(env_id: str) -> bool:
+    """Whether ``env_id`` ships a solver, i.e. its class overrides ``TextEnv.oracle_action`` (``--agent oracle``)."""
+    from crl_envs.core import TextEnv
+
+    impl = getattr(env_class(env_id), "oracle_action", None)
+    return callable(impl) and impl is not TextEnv.oracle_action
 
 
 def make(env_id: str, **kwargs) -> gym.Env:

@@ -16,13 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eval.fmt import pct
 from eval.results import EpisodeLog, episode_key
 
 HEADER = ["task", "episodes", "success % ± SE", "progress %", "mean actions", "tokens in/out", "errored"]
-
-
-def _pct(x: float) -> str:
-    return "n/a" if x != x else f"{100 * x:.1f}"
 
 
 def _tokens(t: dict[str, Any]) -> str:
@@ -37,15 +34,15 @@ def rows(summary: dict[str, Any]) -> list[list[str]]:
             [
                 env_id,
                 str(t["episodes"]),
-                f"{_pct(t['success'])} ± {_pct(t['success_se'])}",
-                f"{_pct(t['progress'])}",
+                f"{pct(t['success'])} ± {pct(t['success_se'])}",
+                f"{pct(t['progress'])}",
                 f"{t['mean_actions']:.1f}" if t["episodes"] else "n/a",
                 _tokens(t),
                 str(t["errored"]),
             ]
         )
     m = summary["macro"]
-    out.append(["macro average", "", f"{_pct(m['success'])} ± {_pct(m['success_se'])}", _pct(m["progress"]), "", "",
+    out.append(["macro average", "", f"{pct(m['success'])} ± {pct(m['success_se'])}", pct(m["progress"]), "", "",
                 ""])
     return out
 
@@ -192,7 +189,9 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     # another --seed): plot only the episodes the summary is about.
     run = summary.get("run") or {}
     if isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
-        wanted = {episode_key(e, run["seed"] + i) for e in summary.get("tasks", {}) for i in range(run["episodes"])}
+        samples = run.get("samples") if isinstance(run.get("samples"), int) else 1
+        wanted = {episode_key(e, run["seed"] + i, k) for e in summary.get("tasks", {}) for i in range(run["episodes"])
+                  for k in range(samples)}
         latest = {k: r for k, r in latest.items() if k in wanted}
     records = list(latest.values())
     return summary, records

@@ -1,6 +1,14 @@
-"""Run results: ``episodes.jsonl`` (one record per episode) and ``summary.json``.
+"""Run results: ``episodes.jsonl`` (one record per episode), ``trajectories.jsonl.gz`` and ``summary.json``.
 
 ``summary.json`` carries ``schema_version``; bump it when a field changes meaning.
+
+Schema history:
+
+- 1.1: tokens, numeric agent extras per task, the list of errored episodes.
+- 1.2: several samples per seed. Episode records carry ``sample`` and keys are ``env_id#seed#sample``
+  (1.1 records, keyed ``env_id#seed``, read as sample 0); ``run`` gains ``samples`` and
+  ``trajectories``; each task gains ``samples`` and, when samples > 1, ``pass_at_k`` (the unbiased
+  pass@k estimate over seeds, for k = 1, 2, 4, ... and k = samples) and ``seeds``.
 """
 
 from __future__ import annotations
@@ -11,16 +19,15 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
-from crl_agent.agents.base import EpisodeResult
+from crl_agent.rollout import Episode, episode_key
 
-# 1.1 added tokens, numeric agent extras per task, and the list of errored episodes.
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
+READABLE_SCHEMAS = ("1.0", "1.1", "1.2")
 
 
 def git_sha() -> str | None:
@@ -51,8 +58,9 @@ def json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def episode_key(env_id: str, seed: int) -> str:
-    return f"{env_id}#{seed}"
+def record_key(record: dict[str, Any]) -> str:
+    """The ``env_id#seed#sample`` key of an episodes.jsonl record (schema 1.1 records: sample 0)."""
+    return episode_key(record["env_id"], record["seed"], record.get("sample", 0))
 
 
 class EpisodeLog:
@@ -77,7 +85,12 @@ class EpisodeLog:
 
     def latest(self) -> dict[str, dict[str, Any]]:
         """The newest complete record of each episode key (a replayed episode supersedes its errored record)."""
-        return {r["key"]: r for r in self.load() if "key" in r}
+        out = {}
+        for r in self.load():
+            if isinstance(r, dict) and "env_id" in r and "seed" in r:
+                r["key"] = record_key(r)
+                out[r["key"]] = r
+        return out
 
     def repair(self) -> None:
         """Rewrite the file without a torn last line, so new records start on a fresh line."""
@@ -87,15 +100,21 @@ class EpisodeLog:
             tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
             os.replace(tmp, self.path)
 
-    def append(self, result: EpisodeResult, **fields: Any) -> dict[str, Any]:
-        record = {**asdict(result), **fields, "key": episode_key(result.env_id, result.seed)}
-        line = json.dumps(record, default=json_default)  # an agent's non-JSON extra must not lose the episode
-        record = json.loads(line)
+    def append(self, episode: Episode, **fields: Any) -> dict[str, Any]:
+        """Record one episode synchronously (flushed and fsynced); returns the record as it reads back."""
+        record, line = episode_record(episode, **fields)
         with self.path.open("a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
         return record
+
+
+def episode_record(episode: Episode, **fields: Any) -> tuple[dict[str, Any], str]:
+    """An episode's ``episodes.jsonl`` record and its JSON line."""
+    record = {**episode.summary(), **fields, "key": episode.key}
+    line = json.dumps(record, default=json_default)  # an agent's non-JSON extra must not lose the episode
+    return json.loads(line), line
 
 
 def _mean_se(xs: list[float]) -> tuple[float, float]:
@@ -116,6 +135,24 @@ def _extra_means(recs: list[dict[str, Any]]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 sums.setdefault(k, []).append(float(v))
     return {k: sum(v) / len(v) for k, v in sorted(sums.items())}
+
+
+def pass_at_k(records: list[dict[str, Any]], samples: int) -> dict[str, float]:
+    """Unbiased pass@k over seeds (Chen et al. 2021): ``1 - C(n-c, k) / C(n, k)`` averaged over seeds.
+
+    ``n`` is a seed's recorded samples and ``c`` its successes; seeds with fewer than ``k`` samples
+    are left out of that ``k``. Reported for k = 1, 2, 4, ... below ``samples``, and ``samples``.
+    """
+    by_seed: dict[int, list[bool]] = {}
+    for r in records:
+        by_seed.setdefault(r["seed"], []).append(bool(r["success"]))
+    ks = sorted({k for k in (2 ** i for i in range(samples.bit_length())) if k < samples} | {samples})
+    out = {}
+    for k in ks:
+        vals = [1.0 - (math.comb(len(v) - sum(v), k) / math.comb(len(v), k)) for v in by_seed.values() if len(v) >= k]
+        if vals:
+            out[str(k)] = sum(vals) / len(vals)
+    return out
 
 
 def env_metadata(env_id: str) -> dict[str, Any]:
@@ -142,6 +179,7 @@ def summarize(
 
     tasks: dict[str, Any] = {}
     caps = run_config.get("max_episode_steps") or {}
+    samples = int(run_config.get("samples") or 1)
     for env_id in env_ids:
         recs = [r for r in records if r["env_id"] == env_id]
         success, success_se = _mean_se([float(r["success"]) for r in recs])
@@ -162,13 +200,17 @@ def summarize(
             "mean_tokens_in": _mean_se([float(r.get("tokens_in", 0)) for r in recs])[0],
             "mean_tokens_out": _mean_se([float(r.get("tokens_out", 0)) for r in recs])[0],
             "extra": _extra_means(recs),
+            "samples": samples,
+            "seeds": len({r["seed"] for r in recs}),
         }
+        if samples > 1:
+            tasks[env_id]["pass_at_k"] = pass_at_k(recs, samples)
     per_task = [t for t in tasks.values() if t["episodes"]]
     macro_success = sum(t["success"] for t in per_task) / len(per_task) if per_task else float("nan")
     # The macro average's standard error, treating tasks as independent.
     macro_se = math.sqrt(sum(t["success_se"] ** 2 for t in per_task)) / len(per_task) if per_task else float("nan")
     errors = [
-        {"key": r["key"], "env_id": r["env_id"], "seed": r["seed"], "error": str(r["error"]).strip().splitlines()[0]}
+        {"key": r["key"], "env_id": r["env_id"], "seed": r["seed"], "sample": r.get("sample", 0), "error": str(r["error"]).strip().splitlines()[0]}
         for r in records if r.get("error")
     ]
     return {

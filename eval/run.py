@@ -6,8 +6,10 @@ Usage::
     python -m eval.run --agent mypkg.agents:MyAgent --tasks crl/Sokoban-6x6-2-v0
 
 It writes ``episodes.jsonl`` (one record per episode, appended as episodes finish),
+``trajectories.jsonl.gz`` (every step of every episode, see :mod:`eval.trajectories`),
 ``summary.json`` (schema-versioned) and ``results.md`` into ``--out``, and prints a table.
 ``--resume`` skips the episodes already recorded there, so a killed run picks up where it stopped.
+Episodes are played by :func:`crl_agent.rollout.run_episode`, the loop the trainer uses too.
 """
 
 from __future__ import annotations
@@ -19,18 +21,20 @@ import json
 import os
 import sys
 import time
-import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 from tqdm import tqdm
 
-from crl_agent.agents import BUILTIN, Agent, EpisodeContext, EpisodeResult, load_agent_class
-from crl_envs.core import TextEnv
-from crl_envs.pool import BACKENDS, EnvPool, make_pool
-from eval import report
-from eval.results import EpisodeLog, episode_key, json_default, summarize, write_json
+from crl_agent.agents import BUILTIN, Agent, EpisodeContext, load_agent_class
+from crl_agent.rollout import Episode, PoolSlot, episode_key, run_episode
+from crl_envs.pool import make_pool
+from crl_envs.registry import has_solver
+from eval import report, trajectories
+from eval.recorder import RunRecorder
+from eval.results import EpisodeLog, json_default, summarize, write_json
 from eval.suites import TASK_SETS, TaskSetError, resolve_tasks
 
 
@@ -44,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--episodes", type=int, default=10, help="episodes per task (default: 10)")
     p.add_argument("--seed", type=int, default=0, help="episode i of a task resets with seed S+i (default: 0)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="episodes per seed, each with its own sampling seed (GRPO groups, pass@k; default: 1)")
+    p.add_argument("--trajectories", choices=trajectories.MODES, default="text",
+                   help="what trajectories.jsonl.gz keeps: text (what a person reads, default), full (adds token "
+                        "ids and log-probs) or none")
     p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<time>_<agent>)")
     p.add_argument("--resume", action="store_true", help="skip episodes already recorded in --out")
     p.add_argument("--retry-errored", action="store_true",
@@ -55,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="env worker processes per task; 0 runs envs in this process (default: 0)",
     )
-    p.add_argument("--env-backend", choices=BACKENDS, default="process", help="where pooled envs run (default: process)")
+    p.add_argument("--env-backend", choices=("process", "ray"), default="process",
+                   help="where envs run when --num-workers > 0 (default: process); with 0 they run in this process, "
+                        "each on its own thread")
     p.add_argument("--step-timeout", type=float, default=60.0, help="seconds before a hung env step errors (default: 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or table")
     p.add_argument("--max-steps", type=int, default=None,
@@ -75,167 +86,86 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _has_solver(env: gym.Env) -> bool:
-    impl = getattr(type(env.unwrapped), "oracle_action", None)
-    return impl is not None and impl is not TextEnv.oracle_action
+@dataclass
+class TaskRun:
+    """One task of a run: which episodes to play and how.
 
-
-class LocalHandle:
-    """An env in this process, behind the same async calls as a pool slot."""
-
-    def __init__(self, env_id: str, make_kwargs: dict[str, Any] | None = None):
-        self.env = gym.make(env_id, **(make_kwargs or {}))
-        self.has_solver = _has_solver(self.env)
-
-    async def reset(self, seed: int):
-        return self.env.reset(seed=seed)
-
-    async def step(self, action: str):
-        return self.env.step(action)
-
-    async def oracle(self) -> str:
-        return self.env.unwrapped.oracle_action()
-
-    def close(self) -> None:
-        self.env.close()
-
-
-class PoolHandle:
-    """One slot of an :class:`~crl_envs.pool.EnvPool`."""
-
-    def __init__(self, pool: EnvPool, slot: int, has_solver: bool):
-        self.pool, self.slot, self.has_solver = pool, slot, has_solver
-
-    async def reset(self, seed: int):
-        return await self.pool.reset(self.slot, seed=seed)
-
-    async def step(self, action: str):
-        return await self.pool.step(self.slot, action)
-
-    async def oracle(self) -> str:
-        return await self.pool.call(self.slot, "oracle_action")
-
-    def close(self) -> None:
-        pass
-
-
-async def run_episode(env: LocalHandle | PoolHandle, agent: Agent, env_id: str, seed: int, index: int) -> EpisodeResult:
-    """Play one episode; any exception (agent bug, env crash, timeout) becomes an errored result."""
-    ctx = EpisodeContext(env_id, seed, index, oracle=env.oracle if env.has_solver else None)
-    t0 = time.perf_counter()
-    actions = invalid = 0
-    reward_sum, info, term, trunc = 0.0, {}, False, False
-    policy = None
-    error = None
-    try:
-        obs, info = await env.reset(seed)
-        policy = agent.make_policy(ctx)
-        while not (term or trunc):
-            pending = policy.act(obs, info)
-            if not inspect.isawaitable(pending):
-                raise TypeError(f"{type(policy).__qualname__}.act returned {type(pending).__name__}, not an awaitable: "
-                                "declare it `async def act(self, obs, info)`")
-            action = await pending
-            obs, reward, term, trunc, info = await env.step(action)
-            actions += 1
-            invalid += not info.get("valid_action", True)
-            reward_sum += float(reward)
-    except Exception as e:  # noqa: BLE001 - an episode's failure is recorded, not raised
-        error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
-    usage = policy.usage() if policy is not None else {}
-    result = EpisodeResult(
-        env_id=env_id,
-        seed=seed,
-        success=bool(info.get("success", False)) and error is None,
-        progress=float(info.get("progress", 0.0)) if error is None else 0.0,
-        reward=reward_sum,
-        actions=actions,
-        invalid_actions=invalid,
-        terminated=term,
-        truncated=trunc,
-        wall_time_s=time.perf_counter() - t0,
-        error=error,
-        tokens_in=usage.get("tokens_in", 0),
-        tokens_out=usage.get("tokens_out", 0),
-    )
-    try:
-        agent.on_episode_end(ctx, result)
-    except Exception as e:  # noqa: BLE001
-        result.error = (result.error or "") + f"on_episode_end raised {type(e).__name__}: {e}"
-    return result
-
-
-async def run_task(
-    env_id: str,
-    agent: Agent,
-    seeds: list[int],
-    log: EpisodeLog,
-    concurrency: int,
-    quiet: bool,
-    num_workers: int = 0,
-    timeout: float = 60.0,
-    backend: str = "process",
-    position: int = 0,
-    make_kwargs: dict[str, Any] | None = None,
-    record_fields: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Run ``seeds`` of one task with ``concurrency`` envs, in-process or in ``num_workers`` processes.
-
-    ``record_fields`` are added to every episode record (the run configuration ``--resume`` checks).
+    Attributes:
+        env_id: the Gymnasium id.
+        episodes: ``(index, seed, sample)`` of each episode to play.
+        concurrency: episodes in flight (one env each).
+        num_workers: env worker processes (0: envs in this process, each slot on its own thread).
+        backend: where pooled envs run when ``num_workers > 0`` (``process`` or ``ray``).
+        step_timeout: seconds before a hung pooled call errors.
+        make_kwargs: extra ``gym.make`` kwargs (the step cap).
+        record_fields: added to every episode record (the configuration ``--resume`` checks).
+        quiet: no progress bar.
+        position: the progress bar's line.
     """
-    n_envs = max(1, min(concurrency, len(seeds)))
-    pool = None
-    made: list[LocalHandle | PoolHandle] = []
 
-    def release() -> None:
-        for h in made:
-            h.close()
-        if pool is not None:
-            pool.close()
+    env_id: str
+    episodes: list[tuple[int, int, int]]
+    concurrency: int = 1
+    num_workers: int = 0
+    backend: str = "process"
+    step_timeout: float = 60.0
+    make_kwargs: dict[str, Any] = field(default_factory=dict)
+    record_fields: dict[str, Any] = field(default_factory=dict)
+    quiet: bool = True
+    position: int = 0
 
-    try:
-        if num_workers > 0:
-            probe = gym.make(env_id, **(make_kwargs or {}))
-            has_solver = _has_solver(probe)
-            longest = getattr(probe.unwrapped, "step_time_limit_s", None)
-            probe.close()
-            if longest:  # e.g. SWE grading inside submit: never kill a worker for a legitimately long step
-                timeout = max(timeout, float(longest) + 30.0)
-            pool = make_pool([(env_id, make_kwargs or {})] * n_envs, backend, num_workers=num_workers,
-                             timeout=timeout)
-            await pool.start()
-            made += [PoolHandle(pool, i, has_solver) for i in range(n_envs)]
-        else:
-            for _ in range(n_envs):  # one by one, so those made before a failure are closed
-                made.append(LocalHandle(env_id, make_kwargs))
-    except Exception as e:  # noqa: BLE001 - e.g. official data missing: one clear message, not a traceback
-        release()
-        raise TaskSetError(f"{env_id}: cannot create the env: {type(e).__name__}: {e}") from e
-    if getattr(agent, "needs_solver", False) and not made[0].has_solver:
-        release()
+
+async def run_task(task: TaskRun, agent: Agent, recorder: RunRecorder) -> list[dict[str, Any]]:
+    """Play ``task``'s episodes with ``concurrency`` envs and record each as it ends; returns the records."""
+    env_id = task.env_id
+    n_envs = max(1, min(task.concurrency, len(task.episodes)))
+    if getattr(agent, "needs_solver", False) and not has_solver(env_id):
         raise TaskSetError(f"{env_id} has no solver (no oracle_action), so the {agent.name} agent cannot play it; "
                            "leave it out of --tasks or use another agent")
+    backend = task.backend if task.num_workers > 0 else "inline"
+    pool = None
+    try:
+        pool = make_pool([(env_id, task.make_kwargs)] * n_envs, backend, num_workers=task.num_workers or None,
+                         timeout=task.step_timeout)
+        await pool.start()
+    except Exception as e:  # noqa: BLE001 - e.g. official data missing: one clear message, not a traceback
+        if pool is not None:
+            pool.close()
+        raise TaskSetError(f"{env_id}: cannot create the env: {type(e).__name__}: {e}") from e
+    solver = has_solver(env_id)
     envs: asyncio.Queue = asyncio.Queue()
-    for h in made:
-        envs.put_nowait(h)
-    bar = tqdm(total=len(seeds), desc=env_id, disable=quiet, unit="ep", leave=True, position=position)
-    records = []
+    for i in range(n_envs):
+        envs.put_nowait(PoolSlot(pool, i))
+    cap = task.make_kwargs.get("max_episode_steps") or gym.spec(env_id).max_episode_steps or 100
+    # The bar counts episodes but moves a little at every step, so slow (LLM) episodes show progress.
+    bar = tqdm(total=len(task.episodes), desc=env_id, disable=task.quiet, unit="ep", leave=True,
+               position=task.position, bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+    records: list[dict[str, Any]] = []
 
-    async def one(i: int, seed: int) -> None:
+    async def one(index: int, seed: int, sample: int) -> None:
         env = await envs.get()
+        moved = 0.0
+
+        def on_step(_step) -> None:
+            nonlocal moved
+            if moved < 0.95:
+                bar.update(1.0 / cap)
+                moved += 1.0 / cap
+
+        ctx = EpisodeContext(env_id, seed, index, sample=sample, oracle=env.oracle() if solver else None)
         try:
-            result = await run_episode(env, agent, env_id, seed, i)
+            episode: Episode = await run_episode(env, agent, ctx, on_step=None if task.quiet else on_step)
         finally:
             envs.put_nowait(env)
-        records.append(log.append(result, **(record_fields or {})))
-        bar.update(1)
+        records.append(recorder.record(episode, **task.record_fields))
+        bar.update(1.0 - moved)
         bar.set_postfix(success=f"{sum(r['success'] for r in records) / len(records):.2f}")
 
     try:
-        await asyncio.gather(*(one(i, s) for i, s in enumerate(seeds)))
+        await asyncio.gather(*(one(i, s, k) for i, s, k in task.episodes))
     finally:
         bar.close()
-        release()
+        pool.close()
     return records
 
 
@@ -340,6 +270,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     log.repair()
     done = log.latest()
     check_resumable(list(done.values()), identity, out)
+    trajectories.repair(out, done)  # after a kill: no trajectory without its episode record, none torn
     try:
         agent = make_agent(args.agent, args.seed, kwargs, run_dir=out)
     except (TaskSetError, ValueError):
@@ -353,32 +284,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "env_ids": env_ids,
         "episodes": args.episodes,
         "seed": args.seed,
+        "samples": args.samples,
+        "trajectories": args.trajectories,
         "num_workers": args.num_workers,
         "env_backend": args.env_backend,
         "argv": sys.argv[1:],
     }
     run_config["max_steps"] = args.max_steps
     run_config["max_episode_steps"] = {e: c["max_episode_steps"] for e, c in step_caps.items()}
-    todo = {
-        env_id: [s for s in (args.seed + i for i in range(args.episodes)) if episode_key(env_id, s) not in done]
-        for env_id in env_ids
-    }
-    todo = {e: seeds for e, seeds in todo.items() if seeds}
+    wanted = {(e, args.seed + i, k): i for e in env_ids for i in range(args.episodes) for k in range(args.samples)}
+    tasks = []
+    for env_id in env_ids:
+        episodes = [(i, s, k) for (e, s, k), i in wanted.items() if e == env_id and episode_key(e, s, k) not in done]
+        if episodes:
+            tasks.append(TaskRun(env_id, episodes, concurrency=args.concurrency, num_workers=args.num_workers,
+                                 backend=args.env_backend, step_timeout=args.step_timeout,
+                                 make_kwargs=step_caps.get(env_id, {}), record_fields={"run_config": identity[env_id]},
+                                 quiet=args.quiet, position=len(tasks)))
+    recorder = RunRecorder(out, args.trajectories)
     try:
         # Tasks run side by side (one progress bar each), so an LLM agent batches across tasks.
-        def job(i: int, env_id: str, seeds: list[int]):
-            return run_task(env_id, agent, seeds, log, args.concurrency, args.quiet, args.num_workers,
-                            args.step_timeout, args.env_backend, position=i, make_kwargs=step_caps.get(env_id),
-                            record_fields={"run_config": identity[env_id]})
-
         if args.sequential_tasks:
-            for i, (env_id, seeds) in enumerate(todo.items()):
-                await job(i, env_id, seeds)
+            for task in tasks:
+                await run_task(task, agent, recorder)
         else:
-            await asyncio.gather(*(job(i, e, s) for i, (e, s) in enumerate(todo.items())))
+            await asyncio.gather(*(run_task(task, agent, recorder) for task in tasks))
     finally:
-        await agent.aclose()
-    wanted = {episode_key(e, args.seed + i) for e in env_ids for i in range(args.episodes)}
+        try:
+            await agent.aclose()
+        finally:
+            recorder.close()
+    wanted = {episode_key(*k) for k in wanted}
     records = [r for key, r in log.latest().items() if key in wanted]
     summary = summarize(records, env_ids, agent.config(), run_config)
     write_json(out / "summary.json", summary)
@@ -396,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("--episodes must be at least 1")
+    if args.samples < 1:
+        parser.error("--samples must be at least 1")
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
     if args.max_steps is not None and args.max_steps < 1:

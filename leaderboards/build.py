@@ -1,9 +1,10 @@
-"""Build ``leaderboards/README.md`` from every submission, validating each.
+"""Build ``leaderboards/README.md`` (and, with ``--html DIR``, a browsable site) from every submission.
 
-Usage: ``python -m leaderboards.build [--check] [--submissions DIR] [--out FILE]``.
+Usage: ``python -m leaderboards.build [--check] [--submissions DIR] [--out FILE] [--html DIR]``.
 ``--check`` validates without writing (CI runs it). A submission is a folder
 ``submissions/<date>_<agent>/`` holding a run's ``summary.json`` and a ``metadata.yaml``
-with ``name, model, agent, date, url, verified``.
+with ``name, model, agent, date, url, verified``; where it also holds the run's ``episodes.jsonl`` and
+``trajectories.jsonl.gz``, the site's run page for it lists and shows its episodes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from eval.fmt import pct
 from leaderboards.schema import SubmissionError, load_submission
 
 ROOT = Path(__file__).resolve().parent
@@ -31,22 +33,29 @@ def task_set_name(summary: dict) -> str:
     return "custom: " + ", ".join(sorted(summary["tasks"]))
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
+NOTE = ("Success is the percentage of episodes solved, ± its standard error; "
+        "episodes per task are shown per column. Progress is the mean normalised score in [0, 1] "
+        "(for WebShop, the reward: its score is progress × 100). Step cap is the run's `--max-steps` "
+        "(each env's own limit is used where it is lower); `env` means the envs' own limits.")
 
 
-def render(subs: list[dict]) -> str:
+def _groups(subs: list[dict]) -> dict[str, list[dict]]:
+    """Submissions per task set, best macro success first (a missing or NaN score last)."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for s in subs:
         groups[task_set_name(s["summary"])].append(s)
+
+    def score(s: dict) -> float:
+        x = s["summary"]["macro"]["success"]
+        return -x if x == x else float("inf")
+
+    return {name: sorted(groups[name], key=score) for name in sorted(groups)}
+
+
+def render(subs: list[dict]) -> str:
     lines = ["# crl-bench leaderboards", "",
-             "Built by `python -m leaderboards.build` from `leaderboards/submissions/`. "
-             "Success is the percentage of episodes solved, ± its standard error; "
-             "episodes per task are shown per column. Progress is the mean normalised score in [0, 1] "
-             "(for WebShop, the reward: its score is progress × 100). Step cap is the run's `--max-steps` "
-             "(each env's own limit is used where it is lower); `env` means the envs' own limits.", ""]
-    for name in sorted(groups):
-        entries = sorted(groups[name], key=lambda s: -s["summary"]["macro"]["success"])
+             "Built by `python -m leaderboards.build` from `leaderboards/submissions/`. " + NOTE, ""]
+    for name, entries in _groups(subs).items():
         env_ids = sorted({e for s in entries for e in s["summary"]["tasks"]})
         lines += [f"## {name}", ""]
         header = ["rank", "name", "agent", "model", "step cap", "macro success %", "macro progress %"] + env_ids + ["verified", "date"]
@@ -56,15 +65,50 @@ def render(subs: list[dict]) -> str:
             cap = summ["run"].get("max_steps")
             cells = [str(rank), f"[{m['name']}]({m['url']})" if m["url"] else m["name"], m["agent"], m["model"],
                      str(cap) if cap else "env",
-                     f"{_pct(summ['macro']['success'])} ± {_pct(summ['macro']['success_se'])}",
-                     _pct(summ["macro"].get("progress", float("nan")))]
+                     f"{pct(summ['macro']['success'])} ± {pct(summ['macro']['success_se'])}",
+                     pct(summ["macro"].get("progress", float("nan")))]
             for e in env_ids:
                 t = summ["tasks"].get(e)
-                cells.append(f"{_pct(t['success'])} ± {_pct(t['success_se'])} (n={t['episodes']})" if t else "–")
+                cells.append(f"{pct(t['success'])} ± {pct(t['success_se'])} (n={t['episodes']})" if t else "–")
             cells += ["yes" if m["verified"] else "no", m["date"]]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def leaderboard_data(subs: list[dict], run_ids: dict[str, str]) -> dict:
+    """The leaderboard as the site shows it: one group per task set, entries ranked as in the Markdown.
+
+    ``run_ids`` maps a submission folder to its run's id in the site (the row links to that run page).
+    """
+    groups = []
+    for name, entries in _groups(subs).items():
+        rows = []
+        for rank, s in enumerate(entries, 1):
+            m, summ = s["metadata"], s["summary"]
+            cap = summ["run"].get("max_steps")
+            rows.append({
+                "rank": rank, "name": m["name"], "agent": m["agent"], "model": m["model"], "url": m["url"],
+                "verified": m["verified"], "date": m["date"], "step_cap": cap if isinstance(cap, int) else None,
+                "success": summ["macro"]["success"], "success_se": summ["macro"]["success_se"],
+                "progress": summ["macro"].get("progress"), "run": run_ids.get(str(s["folder"])),
+                "tasks": {e: {"success": t["success"], "success_se": t["success_se"], "episodes": t["episodes"]}
+                          for e, t in summ["tasks"].items()},
+            })
+        groups.append({"name": name, "tasks": sorted({e for r in rows for e in r["tasks"]}), "entries": rows})
+    return {"note": NOTE.replace("`", ""), "groups": groups}
+
+
+def write_html(subs: list[dict], out: Path) -> str:
+    """Write the leaderboard site (with a run page per submission) to ``out``; returns a one-line report."""
+    from eval.view import load_runs
+    from eval.view.data import jsonable
+    from eval.view.site import write_site
+
+    runs = load_runs([s["folder"] for s in subs], labels=[s["metadata"]["name"] for s in subs])
+    ids = {str(s["folder"]): r.id for s, r in zip(subs, runs, strict=True)}
+    stats = write_site(out, runs, leaderboard=jsonable(leaderboard_data(subs, ids)), title="crl-bench leaderboards")
+    return f"wrote {out / 'index.html'} ({stats.files} files, {stats.bytes / 1e6:.1f} MB)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--submissions", type=Path, default=ROOT / "submissions")
     p.add_argument("--out", type=Path, default=ROOT / "README.md")
     p.add_argument("--check", action="store_true", help="validate only")
+    p.add_argument("--html", type=Path, metavar="DIR",
+                   help="also write the leaderboard as a static site (opens from disk) into DIR")
     args = p.parse_args(argv)
     folders = sorted(d for d in args.submissions.iterdir() if d.is_dir()) if args.submissions.exists() else []
     subs, errors = [], []
@@ -87,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check:
         args.out.write_text(render(subs), encoding="utf-8")
     print(f"{len(subs)} submissions valid" + ("" if args.check else f"; wrote {args.out}"))
+    if args.html and not args.check:
+        try:
+            print(write_html(subs, args.html))
+        except (FileExistsError, FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     return 0
 
 

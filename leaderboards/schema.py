@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-SUPPORTED_SCHEMAS = ("1.0", "1.1")
+SUPPORTED_SCHEMAS = ("1.0", "1.1", "1.2")
 METADATA_FIELDS = {"name": str, "model": str, "agent": str, "date": str, "url": str, "verified": bool}
 TASK_FIELDS = {"episodes": int, "success": float, "success_se": float, "progress": float, "mean_actions": float,
                "errored": int, "version": int}
@@ -57,6 +57,9 @@ def load_submission(folder: Path) -> dict[str, Any]:
     if isinstance(meta, dict) and not isinstance(meta.get("date"), str) and meta.get("date") is not None:
         meta["date"] = str(meta["date"])  # YAML parses 2026-12-02 as a date
     _check_fields(meta_path, "", meta, METADATA_FIELDS)
+    if meta["url"] and not meta["url"].lower().startswith(("https://", "http://")):
+        # The Markdown and the site make it a link: only web addresses, never javascript: or data: URLs.
+        raise SubmissionError(f"{meta_path}: url: {meta['url']!r} is not an http(s) address; use one or ''")
     if not isinstance(summary, dict):
         raise SubmissionError(f"{summary_path}: top level: expected an object")
     version = summary.get("schema_version")

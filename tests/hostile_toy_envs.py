@@ -108,7 +108,30 @@ class ForkingEnv(GuessEnv):
         return super().step(action)
 
 
+class SleepyEnv(GuessEnv):
+    """``step("sleep S")`` takes S seconds, ``step("raise")`` raises; ``echo`` returns its arguments.
+
+    ``step_time_limit_s`` (a kwarg) declares how long a step may legitimately take, as SWE does.
+    """
+
+    def __init__(self, step_time_limit_s: float | None = None, render_mode: str | None = None):
+        super().__init__(render_mode=render_mode)
+        self.step_time_limit_s = step_time_limit_s
+
+    def step(self, action):
+        if isinstance(action, str) and action.startswith("sleep "):
+            time.sleep(float(action.split()[1]))
+            action = "5"
+        if action == "raise":
+            raise RuntimeError("env bug")
+        return super().step(action)
+
+    def echo(self, *args, **kwargs):
+        return list(args), dict(kwargs)
+
+
 HOSTILE_IDS = {
+    "hostile/Sleepy-v0": "tests.hostile_toy_envs:SleepyEnv",
     "hostile/Forking-v0": "tests.hostile_toy_envs:ForkingEnv",
     "hostile/SlowReset-v0": "tests.hostile_toy_envs:SlowResetEnv",
     "hostile/RaisingCtor-v0": "tests.hostile_toy_envs:RaisingCtorEnv",

@@ -3,14 +3,16 @@ from __future__ import annotations
 import asyncio
 import json
 
+import gymnasium as gym
 import pytest
 
 pytest.importorskip("hnswlib", reason="the crl agent needs the agent extra")
 
+from crl_agent.agents import EpisodeContext  # noqa: E402
 from crl_agent.agents.crl import EXPERIENCE_HEADER, CRLAgent  # noqa: E402
 from crl_agent.experience import ExperienceBank  # noqa: E402
 from crl_agent.experience.extractor import ANSWER_SYSTEM, DISTIL_SYSTEM, MERGE_SYSTEM  # noqa: E402
-from eval.run import LocalHandle, run_episode  # noqa: E402
+from crl_agent.rollout import CallableSlot, run_episode  # noqa: E402
 from tests.test_experience_manager import ScriptedLLM  # noqa: E402
 
 ENV = "crl/Sokoban-6x6-1-v0"
@@ -41,14 +43,16 @@ class Script:
 
 def make(tmp_path, script, **kw) -> CRLAgent:
     kw.setdefault("run_dir", str(tmp_path / "run"))
+    kw.setdefault("action_mode", "generate")  # these pin the generation path; test_score_mode covers scoring
+    kw.setdefault("history_style", "full")
     return CRLAgent(llm=ScriptedLLM(script), embedder="hash", **kw)
 
 
 async def play(agent: CRLAgent, seeds, max_steps: int = 3):
     results = []
     for i, seed in enumerate(seeds):
-        env = LocalHandle(ENV, {"max_episode_steps": max_steps})
-        results.append(await run_episode(env, agent, ENV, seed, i))
+        env = gym.make(ENV, max_episode_steps=max_steps)
+        results.append(await run_episode(CallableSlot(env), agent, EpisodeContext(ENV, seed, i)))
         env.close()
     return results
 
@@ -144,7 +148,7 @@ def test_bad_options_are_refused_with_the_fix(tmp_path):
 
 
 def test_without_a_run_dir_the_bank_is_temporary(tmp_path):
-    agent = CRLAgent(llm=ScriptedLLM(Script()), embedder="hash")
+    agent = CRLAgent(llm=ScriptedLLM(Script()), embedder="hash", action_mode="generate")
     path = agent.bank_path
     assert path.exists() and agent.config()["bank"] is None
     asyncio.run(agent.aclose())

@@ -82,11 +82,8 @@ class CrashingAgent(Agent):
         return _Crash()
 
 
-def test_unlanded_set_member_names_its_family(monkeypatch):
-    from crl_envs.registry import FAMILIES, Family
-
-    monkeypatch.setitem(FAMILIES, "Future", Family("Future", "crl_envs.future", (), None))
-    with pytest.raises(TaskSetError, match="Future family has not landed"):
+def test_unknown_set_member_is_named():
+    with pytest.raises(TaskSetError, match="crl/Future-Easy-v0"):
         resolve_tasks("crl/Sokoban-6x6-2-v0,crl/Future-Easy-v0")
 
 
@@ -193,6 +190,11 @@ def test_resume_after_kill_9_mid_run_loses_and_duplicates_nothing(tmp_path):
     records = [json.loads(x) for x in episodes.read_text().splitlines()]
     keys = [r["key"] for r in records]
     assert len(keys) == len(set(keys)) == 60
+    # the trajectories agree with episodes.jsonl: the same keys, each once (no torn or orphan member left)
+    from eval.trajectories import _read_members
+
+    members, _, torn = _read_members(out / "trajectories.jsonl.gz")
+    assert not torn and sorted(m["key"] for m in members) == sorted(keys)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tasks"]["crl/Sokoban-6x6-1-v0"]["success"] == 1.0
     assert summary["tasks"]["crl/Sokoban-6x6-2-v0"]["episodes"] == 30
@@ -219,7 +221,7 @@ def test_agent_options_reach_the_constructor_and_unknown_ones_are_refused(tmp_pa
 def test_run_writes_plots_and_lists_errored_episodes(tmp_path):
     _run(tmp_path / "x", "--agent", "tests.test_eval_run:CrashingAgent", "--tasks", "test/Guess-v0", "--episodes", "2")
     summary = json.loads((tmp_path / "x" / "summary.json").read_text())
-    assert [e["key"] for e in summary["errors"]] == ["test/Guess-v0#0", "test/Guess-v0#1"]
+    assert [e["key"] for e in summary["errors"]] == ["test/Guess-v0#0#0", "test/Guess-v0#1#0"]
     assert "agent bug" in summary["errors"][0]["error"]
     md = (tmp_path / "x" / "results.md").read_text()
     assert "## Errored episodes (2)" in md and "test/Guess-v0#1" in md

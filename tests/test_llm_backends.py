@@ -26,7 +26,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(tiny_dir):
-    return TransformersLLM(tiny_dir, max_context=512, batch_wait_ms=20)
+    return TransformersLLM(tiny_dir, max_context=512, batch_wait_ms=20, dtype="float32")
 
 
 def run(coro):

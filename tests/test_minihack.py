@@ -73,14 +73,15 @@ Map:
 Agent the Footpad              St:15 Dx:18 Co:12 In:10 Wi:9 Ch:11 Chaotic S:0
 Dlvl:1 $:0 HP:12(12) Pw:2(2) AC:7 Xp:1/0
 You (@) are at row 1, column 4 of the map. HP 12/12.
-Legend: - wall; . floor of a room; < staircase up; @ human rogue called Agent; | wall
+Objects: staircase up (<): 1 south, 1 east (adjacent)
+Legend: - wall; . floor of a room; @ human rogue called Agent; | wall
 Inventory: a - a +0 short sword (weapon in hand); b - 11 +0 daggers (alternate weapon; not wielded); \
 c - an uncursed +1 leather armor (being worn); d - an uncursed potion of sickness; e - an uncursed lock pick; \
 f - an empty uncursed sack; g - a key named The Master Key of Thievery
 Actions: north, east, south, west, northeast, southeast, southwest, northwest, pickup, apply"""
 
 
-def test_render_snapshot_of_map_legend_message_and_inventory():
+def test_render_snapshot_of_map_objects_legend_message_and_inventory():
     env = gym.make("crl/MiniHack-KeyRoom-S5-v0")
     env.reset(seed=0)
     for action in ["northwest", "pickup"]:
@@ -138,7 +139,8 @@ MINIHACK_IDS = sorted(i for i in gym.registry if i.startswith("crl/MiniHack-"))
 
 
 def test_every_task_is_registered():
-    assert len(MINIHACK_IDS) == 23 and "crl/MiniHack-KeyRoom-S5-v0" in MINIHACK_IDS
+    assert len(MINIHACK_IDS) == 24 and "crl/MiniHack-KeyRoom-S5-v0" in MINIHACK_IDS
+    assert gym.spec("crl/MiniHack-Room-Random-5x5-Short-v0").max_episode_steps == 16
 
 
 @pytest.mark.parametrize("env_id", MINIHACK_IDS)

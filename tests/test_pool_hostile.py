@@ -201,13 +201,18 @@ def test_ray_actors_contain_raising_constructors_and_non_text_observations():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": root}})
 
     async def main():
-        async with RayEnvPool(["hostile/RaisingCtor-v0", "hostile/NonTextObs-v0"], num_workers=1) as pool:
+        pool = RayEnvPool(["hostile/RaisingCtor-v0", "hostile/NonTextObs-v0"], num_workers=1)
+        try:
+            with pytest.raises(EnvError, match="dataset is missing"):
+                await pool.start()
             with pytest.raises(EnvError, match="could not be created.*dataset is missing"):
                 await pool.reset(0, seed=0)
             await pool.reset(1, seed=0)
             with pytest.raises(EnvError, match="returned a NoneType observation"):
                 await pool.step(1, "none")
             assert "Guess" in (await pool.reset(1, seed=1))[0] and pool.restarts() == 0
+        finally:
+            pool.close()
 
     try:
         asyncio.run(main())

@@ -73,7 +73,7 @@ PLUGIN = textwrap.dedent(
         def _apply(self, action):
             if action != self.word:
                 raise InvalidAction("that is not the secret word")
-            return StepOutcome("Yes!", 1.0, True, True, 1.0)
+            return StepOutcome("Yes!", reward=1.0, terminated=True, success=True, progress=1.0)
 
         def _admissible_actions(self):
             return ["apple", "pear", "plum"]
@@ -172,3 +172,44 @@ def test_the_readme_example_env_conforms_and_its_oracle_wins(tmp_path, monkeypat
         assert terminated and reward == 1.0 and info["success"]
     finally:
         del gym.registry["myorg/MyEnv-v0"]
+
+
+def test_env_class_reads_the_class_without_building_an_env(monkeypatch):
+    from crl_envs.registry import env_class, has_solver
+    from crl_envs.sokoban.env import SokobanEnv
+    from tests.toy_envs import GuessEnv, RaisingEnv
+
+    monkeypatch.setattr(gym, "make", lambda *a, **k: pytest.fail("env_class built an env for a class entry point"))
+    assert env_class("crl/Sokoban-6x6-2-v0") is SokobanEnv and has_solver("crl/Sokoban-6x6-2-v0")
+    assert env_class("test/Guess-v0") is GuessEnv and has_solver("test/Guess-v0")
+    assert env_class("test/GuessRaising-v0") is RaisingEnv
+    with pytest.raises(gym.error.NameNotFound, match="Did you mean"):
+        env_class("crl/Sokoban-6x6-2-v9")
+
+
+def test_has_solver_is_false_where_oracle_action_is_not_overridden_and_factories_are_built_once():
+    from crl_envs.core import TextEnv
+    from crl_envs.registry import env_class, has_solver
+    from tests.toy_envs import GuessEnv
+
+    class NoSolver(GuessEnv):
+        oracle_action = TextEnv.oracle_action
+
+    built = []
+
+    def factory(**kwargs):
+        built.append(kwargs)
+        return NoSolver()
+
+    gym.register("myorg/NoSolver-v0", entry_point=NoSolver, max_episode_steps=5)
+    gym.register("myorg/Factory-v0", entry_point=factory, max_episode_steps=5)
+    try:
+        assert not has_solver("myorg/NoSolver-v0")
+        assert env_class("myorg/Factory-v0") is NoSolver and len(built) == 1
+    finally:
+        del gym.registry["myorg/NoSolver-v0"], gym.registry["myorg/Factory-v0"]
+
+
+def test_an_unknown_id_in_a_known_family_is_unknown_with_close_matches():
+    with pytest.raises(gym.error.NameNotFound, match="Unknown env id 'crl/Sokoban-99x99-1-v0'.*Did you mean"):
+        check_env_id("crl/Sokoban-99x99-1-v0")

@@ -127,3 +127,34 @@ def _transcript(env, seed):
     for a in ["up", "left", "down", "right"] * 3:
         out.append(env.step(a)[0])
     return out
+
+
+def test_push_rules_on_a_hand_made_grid():
+    from crl_envs.sokoban.solver import apply_move
+
+    # 5 wide:  #####
+    #          #@$_#
+    #          #_$$#
+    #          #####
+    walls = [c == "#" for c in "#####" "#___#" "#___#" "#####"]
+    ds = deltas(5)
+    boxes = {7, 12, 13}
+    assert apply_move(walls, boxes, 6, ds["up"]) == ("wall", 6) and boxes == {7, 12, 13}
+    assert apply_move(walls, boxes, 6, ds["down"]) == ("walk", 11)
+    assert apply_move(walls, boxes, 11, ds["right"]) == ("blocked", 11) and boxes == {7, 12, 13}  # box behind box
+    assert apply_move(walls, boxes, 6, ds["right"]) == ("push", 7) and boxes == {8, 12, 13}
+    assert apply_move(walls, boxes, 7, ds["right"]) == ("blocked", 7) and boxes == {8, 12, 13}  # wall behind box
+
+
+def test_the_oracle_predicts_the_state_each_of_its_moves_leads_to():
+    env = gym.make("crl/Sokoban-6x6-2-v0").unwrapped
+    for seed in range(5):
+        env.reset(seed=seed)
+        for _ in range(30):
+            move = env.oracle_action()
+            predicted = env._plan_key
+            _, _, term, _, _ = env.step(move)
+            state = env.state()
+            assert predicted == (state["player"], frozenset(state["boxes"]))
+            if term:
+                break

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from crl_agent.agents.base import Agent, EpisodeContext, EpisodeResult, Policy
+from crl_agent.agents.base import Agent, EpisodeContext, Policy
 
 BUILTIN = {
     "random": "crl_agent.agents.random:RandomAgent",
@@ -13,7 +13,7 @@ BUILTIN = {
     "crl": "crl_agent.agents.crl:CRLAgent",
 }
 
-__all__ = ["Agent", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "BUILTIN"]
+__all__ = ["Agent", "Episode", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "BUILTIN"]
 
 
 def load_agent_class(name: str) -> type[Agent]:
@@ -29,3 +29,12 @@ def load_agent_class(name: str) -> type[Agent]:
     if not (isinstance(cls, type) and issubclass(cls, Agent)):
         raise ValueError(f"{path!r} is not a subclass of crl_agent.agents.base.Agent")
     return cls
+
+
+def __getattr__(name: str):
+    # Episode lives in crl_agent.rollout, which imports this package: loaded on first use, not at import.
+    if name in ("Episode", "EpisodeResult"):
+        from crl_agent import rollout
+
+        return getattr(rollout, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from crl_agent.rollout import Episode
 
 
 @dataclass
@@ -34,6 +37,10 @@ class EpisodeContext:
         env_id: the Gymnasium id.
         seed: the episode's reset seed.
         episode_index: index of the episode within its task.
+        sample: which rollout of this seed (0, 1, ...): GRPO groups and pass@k play one seed several
+            times; policies mix it into their sampling seed so the samples differ.
+        with_experience: whether a policy that can use test-time experience (the ``crl`` agent) uses it in
+            this episode; Complementary RL's split groups play half their rollouts without it.
         oracle: coroutine returning the env's solver action for the current state;
             only for the ``oracle`` agent (``None`` where the env has no solver).
     """
@@ -41,27 +48,9 @@ class EpisodeContext:
     env_id: str
     seed: int
     episode_index: int = 0
+    sample: int = 0
+    with_experience: bool = True
     oracle: Callable[[], Awaitable[str]] | None = None
-
-
-@dataclass
-class EpisodeResult:
-    """How an episode ended, as the harness records it."""
-
-    env_id: str
-    seed: int
-    success: bool
-    progress: float
-    reward: float
-    actions: int
-    invalid_actions: int
-    terminated: bool
-    truncated: bool
-    wall_time_s: float
-    error: str | None = None
-    tokens_in: int = 0
-    tokens_out: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Policy(abc.ABC):
@@ -70,6 +59,14 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     async def act(self, obs: str, info: dict[str, Any]) -> str:
         """Return the next action for this observation."""
+
+    def turn_trace(self) -> dict[str, Any] | None:
+        """What to record about the last :meth:`act` in the episode's trajectory (``None``: nothing).
+
+        LLM policies return the messages sent, the reply, token ids and log-probs, scored candidates...
+        (see the trajectory schema in ``eval/trajectories.py``). Called once right after each ``act``.
+        """
+        return None
 
     def usage(self) -> dict[str, int]:
         """Token counts for this episode (``tokens_in``, ``tokens_out``)."""
@@ -90,8 +87,11 @@ class Agent(abc.ABC):
     def make_policy(self, ctx: EpisodeContext) -> Policy:
         """A fresh policy for the episode ``ctx`` describes."""
 
-    def on_episode_end(self, ctx: EpisodeContext, result: EpisodeResult) -> None:  # noqa: B027 - optional hook
-        """Called once per finished (or errored) episode."""
+    def on_episode_end(self, ctx: EpisodeContext, episode: Episode) -> None:  # noqa: B027 - optional hook
+        """Called once per finished (or errored) episode, with all of it (:class:`crl_agent.rollout.Episode`).
+
+        Fields added to ``episode.extra`` here (numbers) are recorded and averaged per task.
+        """
 
     def config(self) -> dict[str, Any]:
         """A JSON-serialisable description, recorded in ``summary.json``."""

@@ -33,20 +33,25 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from crl_agent.agents.base import EpisodeContext, EpisodeResult
+from crl_agent.agents.base import EpisodeContext
 from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply
 from crl_agent.experience import ExperienceBank, ExperienceEntry, ExperienceManager, ManagerConfig, Trajectory
 from crl_agent.experience.retrieval import DiversityConfig
-from crl_agent.llm import LLM, make_llm
+from crl_agent.llm import LLM, Message, make_llm
+from crl_agent.rollout import Episode
 
-_POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens")
+_POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens", "history_style", "action_mode",
+                   "score_norm", "explore")
 _SEARCH_RE = re.compile(r"<search>(.*?)(?:</search>|\Z)", re.DOTALL | re.IGNORECASE)
 _ACTION_OPEN_RE = re.compile(r"<action>", re.IGNORECASE)
 
 EXPERIENCE_HEADER = "Lessons from past episodes of this task (apply them when they fit the situation):"
+SEARCH_CANDIDATE = "<search>"
+SEARCH_QUESTION = "Write your question for the experience bank in one short sentence, and nothing else."
 SEARCH_HELP = (
     "If you are unsure what to do, you may ask the experience bank instead of acting, at most {n} times per "
     "episode: write <search>your question</search> and nothing else. The answer comes back before you act."
@@ -70,12 +75,13 @@ class CRLPolicy(LLMPolicy):
         self.searched: list[ExperienceEntry] = []
         self.ask_calls: list[str] = []
         self.search_s = 0.0
+        self.search_log: list[dict[str, str]] = []  # this turn's searches, for its trace
 
     async def system_prompt(self, obs: str, info: dict[str, Any]) -> str:
         base = await super().system_prompt(obs, info)
         self.goal = str(info.get("task") or "")
         manager = self.agent.manager
-        if manager is None:
+        if manager is None or not self.ctx.with_experience:
             return base
         if self.agent.sync_experience:
             await manager.flush()
@@ -91,11 +97,11 @@ class CRLPolicy(LLMPolicy):
 
     def stop_strings(self) -> tuple[str, ...]:
         base = super().stop_strings()
-        return (*base, "</search>") if self.agent.manager is not None else base
+        return (*base, "</search>") if self.agent.manager is not None and self.ctx.with_experience else base
 
     def parse_reply(self, text: str, info: dict[str, Any]) -> ParsedReply:
         parsed = super().parse_reply(text, info)
-        if self.agent.manager is None:
+        if self.agent.manager is None or not self.ctx.with_experience:
             return parsed
         m = _SEARCH_RE.search(text)
         action_tag = _ACTION_OPEN_RE.search(text)
@@ -112,10 +118,36 @@ class CRLPolicy(LLMPolicy):
         self.searched.extend(e for e in res.entries if e.id not in {s.id for s in self.searched})
         if res.call_id:
             self.ask_calls.append(res.call_id)
+        self.search_log.append({"question": question, "answer": res.answer})
         return (
             f"Search result (advice from past experience; the environment has not changed): {res.answer}\n"
             "Now answer with your next action inside <action>...</action>."
         )
+
+    def score_tools(self, info: dict[str, Any]) -> list[str]:
+        """In score mode, searching is one more candidate while searches are left and the bank knows the task."""
+        if (self.agent.manager is None or self.agent.bank is None or not self.ctx.with_experience
+                or self.tool_calls >= self.agent.max_tool_calls or not self.agent.bank.ids(self.ctx.env_id)):
+            return []
+        return [SEARCH_CANDIDATE]
+
+    async def on_score_tool(self, candidate: str, messages: list[Message], info: dict[str, Any]) -> list[Message]:
+        """The model chose to search: it writes its question, the bank answers, and it scores again."""
+        params = replace(self._params(), max_tokens=48, stop=("\n",))
+        completion = await self._complete([*messages, {"role": "user", "content": SEARCH_QUESTION}], params)
+        question = completion.text.strip()[:500] or self.goal
+        answer = await self.on_tool(ParsedReply(None, "none", tool="search", argument=question), info)
+        return [{"role": "assistant", "content": f"<search>{question}</search>"}, {"role": "user", "content": answer}]
+
+    def turn_trace(self) -> dict[str, Any] | None:
+        trace = super().turn_trace()
+        if trace is None:
+            return None
+        if len(self.turns) == 1 and self.shown:
+            trace["experience_shown"] = [{"id": e.id, "title": e.title, "content": e.content} for e in self.shown]
+        if self.search_log:
+            trace["searches"], self.search_log = self.search_log, []
+        return trace
 
     def guided_by(self) -> list[ExperienceEntry]:
         """Every entry this episode saw (at the start or through search), once."""
@@ -141,7 +173,7 @@ class CRLAgent(LLMAgent):
         k: entries shown at the start of an episode.
         max_tool_calls: searches allowed per episode.
         sync_experience: flush pending distillations before each episode's retrieval.
-        manager: extra :class:`~crl_agent.experience.ManagerConfig` fields, e.g. ``{"merge_every": 10}``.
+        manager_config: extra :class:`~crl_agent.experience.ManagerConfig` fields, e.g. ``{"merge_every": 10}``.
     """
 
     name = "crl"
@@ -162,7 +194,7 @@ class CRLAgent(LLMAgent):
         k: int = 4,
         max_tool_calls: int = 2,
         sync_experience: bool = False,
-        manager: dict[str, Any] | None = None,
+        manager_config: dict[str, Any] | None = None,
         llm: LLM | None = None,
         **kwargs: Any,
     ):
@@ -191,8 +223,8 @@ class CRLAgent(LLMAgent):
         try:
             super().__init__(seed=seed, model=model, backend=backend, max_tool_calls=max_tool_calls, llm=llm, **kwargs)
             if self.bank is not None:
-                self._start_experience(extractor, extractor_model, extractor_backend, backend, kwargs, manager, seed,
-                                       run_dir)
+                self._start_experience(extractor, extractor_model, extractor_backend, backend, kwargs, manager_config,
+                                       seed, run_dir)
         except BaseException:
             self._release_bank()
             raise
@@ -204,7 +236,7 @@ class CRLAgent(LLMAgent):
         extractor_backend: str | None,
         backend: str,
         kwargs: dict[str, Any],
-        manager: dict[str, Any] | None,
+        manager_config: dict[str, Any] | None,
         seed: int,
         run_dir: str | None,
     ) -> None:
@@ -218,7 +250,7 @@ class CRLAgent(LLMAgent):
             self._owns_extractor = True
         else:
             self.extractor = self.llm  # one loaded model plays both roles
-        cfg = dict(manager or {})
+        cfg = dict(manager_config or {})
         if isinstance(cfg.get("diversity"), dict):
             cfg["diversity"] = DiversityConfig(**cfg["diversity"])
         log_dir = Path(run_dir) if run_dir is not None else self.bank_path
@@ -238,23 +270,23 @@ class CRLAgent(LLMAgent):
         self._policies[id(ctx)] = (ctx, policy)
         return policy
 
-    def on_episode_end(self, ctx: EpisodeContext, result: EpisodeResult) -> None:
+    def on_episode_end(self, ctx: EpisodeContext, episode: Episode) -> None:
         _, policy = self._policies.pop(id(ctx), (None, None))
         if policy is None:
             return
-        result.extra.update(search_time_s=policy.search_s, searches=policy.tool_calls,
-                            experience_shown=len(policy.shown))
+        episode.extra.update(search_time_s=policy.search_s, searches=policy.tool_calls,
+                             experience_shown=len(policy.shown))
         if self.manager is None or self.bank is None:
             return
-        result.extra["bank_entries"] = len(self.bank)
-        if result.error is not None:
+        episode.extra["bank_entries"] = len(self.bank)
+        if episode.error is not None:
             return  # an env crash or timeout says nothing about the experience
-        episode = f"{ctx.env_id}#{ctx.seed}"
+        key = episode.key
         guided = policy.guided_by()
-        self.manager.record_outcome(episode, guided, result.success, policy.ask_calls)
-        steps = [(t.observation, t.action) for t in policy.turns]
-        traj = Trajectory(id=f"{episode}@{self.manager.run_tag}", task=ctx.env_id, goal=policy.goal, steps=steps,
-                          success=result.success, progress=result.progress, retrieved=guided)
+        self.manager.record_outcome(key, guided, episode.success, policy.ask_calls)
+        traj = Trajectory(id=f"{key}@{self.manager.run_tag}", task=ctx.env_id, goal=policy.goal or episode.task,
+                          steps=[(s.observation, s.action) for s in episode.steps], success=episode.success,
+                          progress=episode.progress, retrieved=guided, final_observation=episode.final_observation)
         self.manager.submit(traj)
 
     def config(self) -> dict[str, Any]:
@@ -266,7 +298,7 @@ class CRLAgent(LLMAgent):
             "extractor": "actor" if self.extractor is self.llm else (self.extractor.config() if self.extractor else None),
             "embedder": self.embedder_spec if self.experience == "on" else None,
             "k": self.k,
-            "max_searches": self.max_tool_calls,
+            "max_tool_calls": self.max_tool_calls,
             "sync_experience": self.sync_experience,
         }
         if self.manager is not None:

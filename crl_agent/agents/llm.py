@@ -38,10 +38,13 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from crl_agent import prompts
 from crl_agent.agents.base import Agent, EpisodeContext, Policy
 from crl_agent.llm import LLM, Completion, Message, SamplingParams, make_llm
 
+ACTION_MODES = ("auto", "score", "generate")
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _TAG_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 _OPEN_TAG_RE = re.compile(r"<action>(.*)\Z", re.DOTALL | re.IGNORECASE)
@@ -130,6 +133,8 @@ class Turn:
     messages: list[Message]
     completions: list[Completion] = field(default_factory=list)
     history_tokens: int = 0
+    valid: bool | None = None  # whether the env accepted the action (known at the next step)
+    trace: dict[str, Any] = field(default_factory=dict)  # subclass additions (experience shown, searches, scores)
 
 
 class LLMPolicy(Policy):
@@ -147,7 +152,10 @@ class LLMPolicy(Policy):
     # ------------------------------------------------------------------ hooks
     async def system_prompt(self, obs: str, info: dict[str, Any]) -> str:
         """The system message for this episode (called once, at the first step)."""
-        return prompts.system_prompt(self.family)
+        mode = self.agent.action_mode
+        if mode == "auto" and self.scores_this_step(info):
+            mode = "score"  # the env lists its actions: say only how to answer when it does
+        return prompts.system_prompt(self.family, mode)
 
     def parse_reply(self, text: str, info: dict[str, Any]) -> ParsedReply:
         """Parse one model reply."""
@@ -162,7 +170,13 @@ class LLMPolicy(Policy):
 
     # ----------------------------------------------------------------- acting
     def build_messages(self, obs: str, info: dict[str, Any], scratch: list[Message]) -> list[Message]:
-        """System message, bounded history, current turn, then this turn's tool exchanges."""
+        """System message, bounded history, current turn, then this turn's tool exchanges.
+
+        With ``history_style="compact"`` a past turn is one short user line (its step number and
+        whether its action was valid) and the action the model took; ``"full"`` repeats its whole
+        observation and reply. Compact history only grows at the end, so a backend's prefix cache
+        reuses the previous turn's prompt.
+        """
         agent = self.agent
         history: list[Message] = []
         budget = agent.history_tokens
@@ -171,10 +185,16 @@ class LLMPolicy(Policy):
             if turn.history_tokens > budget:
                 break
             budget -= turn.history_tokens
-            history[:0] = [
-                {"role": "user", "content": prompts.history_message(turn.observation, i)},
-                {"role": "assistant", "content": turn.reply},
-            ]
+            if agent.history_style == "compact":
+                history[:0] = [
+                    {"role": "user", "content": prompts.compact_history_message(i, turn.valid)},
+                    {"role": "assistant", "content": turn.action},
+                ]
+            else:
+                history[:0] = [
+                    {"role": "user", "content": prompts.history_message(turn.observation, i)},
+                    {"role": "assistant", "content": turn.reply},
+                ]
         current = prompts.turn_message(
             obs,
             goal=str(info.get("task") or ""),
@@ -186,7 +206,10 @@ class LLMPolicy(Policy):
                 *scratch]
 
     def _params(self) -> SamplingParams:
-        key = f"{self.agent.seed}:{self.ctx.env_id}:{self.ctx.seed}:{self.llm_calls}".encode()
+        key = f"{self.agent.seed}:{self.ctx.env_id}:{self.ctx.seed}:{self.llm_calls}"
+        if self.ctx.sample:  # sample 0 keeps the seeds of runs recorded before samples existed
+            key += f":s{self.ctx.sample}"
+        key = key.encode()
         return SamplingParams(
             max_tokens=self.agent.max_tokens,
             temperature=self.agent.temperature,
@@ -195,16 +218,89 @@ class LLMPolicy(Policy):
             seed=zlib.crc32(key) & 0x7FFFFFFF,
         )
 
-    async def _complete(self, messages: list[Message]) -> Completion:
-        completion = await self.agent.llm.chat(messages, self._params())
+    async def _complete(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
+        completion = await self.agent.llm.chat(messages, params or self._params())
         self.llm_calls += 1
         self.tokens_in += completion.prompt_tokens
         self.tokens_out += completion.completion_tokens
         return completion
 
+    def scores_this_step(self, info: dict[str, Any]) -> bool:
+        """Whether this step picks by scoring the admissible actions (see ``action_mode``)."""
+        mode = self.agent.action_mode
+        listed = isinstance(info.get("admissible_actions"), (list, tuple)) and len(info["admissible_actions"]) > 0
+        if mode == "score" and not listed:
+            raise ValueError("action_mode='score' needs info['admissible_actions'], which this step does not list; "
+                             "use action_mode='auto' (scores where the env lists actions, generates elsewhere)")
+        return mode == "score" or (mode == "auto" and listed)
+
+    def score_tools(self, info: dict[str, Any]) -> list[str]:
+        """Extra candidates offered beside the actions in score mode (a subclass's tools); none here."""
+        return []
+
+    async def on_score_tool(self, candidate: str, messages: list[Message], info: dict[str, Any]) -> list[Message]:
+        """Run the tool a scored ``candidate`` from :meth:`score_tools` stands for; return the exchange to add."""
+        raise NotImplementedError(candidate)
+
+    def _rng(self) -> np.random.Generator:
+        return np.random.default_rng(self._params().seed)
+
+    async def _act_by_score(self, obs: str, info: dict[str, Any]) -> str:
+        """Pick an action by a softmax over the admissible actions' log-probabilities as replies (GLAM)."""
+        agent = self.agent
+        actions = list(dict.fromkeys(a for a in info["admissible_actions"] if isinstance(a, str) and a.strip()))
+        if not actions:
+            raise ValueError(f"no usable admissible action to score in {info['admissible_actions']!r}")
+        scratch: list[Message] = []
+        while True:
+            tools = self.score_tools(info)
+            candidates = actions + [t for t in tools if t not in actions]
+            messages = self.build_messages(obs, info, scratch)
+            result = await agent.llm.score_full(messages, candidates)
+            self.llm_calls += 1
+            self.tokens_in += len(result.prompt_token_ids) + sum(result.token_counts)
+            scores = np.asarray(result.normalised(agent.score_norm), dtype=np.float64)
+            if agent.temperature > 0:
+                z = scores / agent.temperature
+                probs = np.exp(z - z.max())
+                probs /= probs.sum()
+                if agent.explore > 0:  # behaviour policy for RL exploration: mixed with uniform
+                    probs = (1 - agent.explore) * probs + agent.explore / len(probs)
+                chosen = int(self._rng().choice(len(candidates), p=probs))
+            else:
+                probs = (scores == scores.max()).astype(np.float64)
+                probs /= probs.sum()
+                chosen = int(np.argmax(scores))
+            if chosen < len(actions):
+                break
+            self.tool_calls += 1
+            scratch += await self.on_score_tool(candidates[chosen], messages, info)
+        action = actions[chosen]
+        trace = {
+            "candidates": [{"text": c, "logprob": float(lp), "prob": float(p)}
+                           for c, lp, p in zip(candidates, scores, probs, strict=True)],
+            "chosen": chosen,
+            "action_logprob": float(np.log(max(probs[chosen], 1e-300))),
+            "temperature": agent.temperature,
+            "score_norm": agent.score_norm,
+            "policy_version": result.policy_version,
+            "prompt_token_ids": result.prompt_token_ids,
+            "candidate_token_ids": result.candidate_token_ids,
+        }
+        hist_tokens = agent.llm.count_tokens(action) + 16
+        if agent.history_style == "full":
+            hist_tokens += agent.llm.count_tokens(obs)
+        self.turns.append(Turn(obs, action, action, "score", messages, [], hist_tokens, trace=trace))
+        self._feedback = ""
+        return action
+
     async def act(self, obs: str, info: dict[str, Any]) -> str:
         if self._system is None:
             self._system = await self.system_prompt(obs, info)
+        if self.turns:
+            self.turns[-1].valid = bool(info.get("valid_action", True))
+        if self.scores_this_step(info):
+            return await self._act_by_score(obs, info)
         scratch: list[Message] = []
         completions: list[Completion] = []
         while True:
@@ -233,9 +329,29 @@ class LLMPolicy(Policy):
             if parsed.method == "tag" and "</action>" not in reply.lower():
                 reply += "</action>"  # generation stopped at the tag: show the model well-formed history
         self._feedback = feedback
-        hist_tokens = self.agent.llm.count_tokens(reply) + self.agent.llm.count_tokens(obs) + 16
+        hist_tokens = self.agent.llm.count_tokens(reply if self.agent.history_style == "full" else action) + 16
+        if self.agent.history_style == "full":
+            hist_tokens += self.agent.llm.count_tokens(obs)
         self.turns.append(Turn(obs, reply, action, parsed.method, messages, completions, hist_tokens))
         return action
+
+    def turn_trace(self) -> dict[str, Any] | None:
+        """The last turn as the trajectory records it (see :mod:`eval.trajectories` for the fields)."""
+        if not self.turns:
+            return None
+        turn = self.turns[-1]
+        trace: dict[str, Any] = {"messages": turn.messages, "reply": turn.reply, "method": turn.method}
+        if turn.completions:
+            last = turn.completions[-1]
+            trace["policy_version"] = getattr(last, "policy_version", 0)
+            trace["prompt_token_ids"] = last.prompt_token_ids or []
+            trace["token_ids"] = last.token_ids
+            trace["logprobs"] = last.logprobs
+            if len(turn.completions) > 1:  # tool calls: every model call of the turn, in order
+                trace["calls"] = [{"text": c.text, "prompt_token_ids": c.prompt_token_ids or [],
+                                   "token_ids": c.token_ids, "logprobs": c.logprobs} for c in turn.completions]
+        trace.update(turn.trace)
+        return trace
 
     def usage(self) -> dict[str, int]:
         return {
@@ -259,6 +375,14 @@ class LLMAgent(Agent):
         max_tokens: cap on each reply.
         history: most past turns shown.
         history_tokens: token budget for those turns (oldest dropped first).
+        history_style: ``"compact"`` (a past turn is its step number, validity and action) or ``"full"``
+            (its whole observation and reply).
+        action_mode: ``"auto"`` (score where the env lists admissible actions, generate elsewhere),
+            ``"score"`` (always score; a step without a list is an error) or ``"generate"``.
+        score_norm: ``"sum"`` (a candidate's total log-prob) or ``"mean"`` (per token) in score mode;
+            ``temperature`` divides the scores before the softmax (0: argmax).
+        explore: score mode, for RL rollouts: sample from ``(1 - explore) * softmax + explore * uniform``
+            (the recorded ``action_logprob`` is that mixture's, the behaviour policy's).
         max_tool_calls: tool calls allowed per episode (only used by subclasses with tools).
         llm: an already built backend (shared, not closed by :meth:`aclose`); overrides ``backend``/``model``.
         **backend_kwargs: passed to :func:`crl_agent.llm.make_llm` (e.g. ``base_url=``, ``device=``).
@@ -275,14 +399,28 @@ class LLMAgent(Agent):
         temperature: float = 0.7,
         top_p: float = 1.0,
         max_tokens: int = 256,
-        history: int = 4,
+        history: int = 30,
         history_tokens: int = 1500,
+        history_style: str = "compact",
+        action_mode: str = "auto",
+        score_norm: str = "sum",
+        explore: float = 0.0,
         max_tool_calls: int = 2,
         llm: LLM | None = None,
         **backend_kwargs: Any,
     ):
         if max_tokens < 1 or history < 0 or history_tokens < 0:
             raise ValueError("need max_tokens >= 1, history >= 0 and history_tokens >= 0")
+        if action_mode not in ACTION_MODES:
+            raise ValueError(f"action_mode must be one of {ACTION_MODES}, got {action_mode!r}")
+        if score_norm not in ("sum", "mean"):
+            raise ValueError(f"score_norm must be 'sum' or 'mean', got {score_norm!r}")
+        if history_style not in ("compact", "full"):
+            raise ValueError(f"history_style must be 'compact' or 'full', got {history_style!r}")
+        if not 0.0 <= float(explore) <= 1.0:
+            raise ValueError(f"explore must be in [0, 1], got {explore!r}")
+        self.action_mode, self.score_norm, self.history_style = action_mode, score_norm, history_style
+        self.explore = float(explore)
         self.seed = seed
         self.temperature, self.top_p, self.max_tokens = float(temperature), float(top_p), int(max_tokens)
         self.history, self.history_tokens, self.max_tool_calls = int(history), int(history_tokens), int(max_tool_calls)
@@ -302,6 +440,10 @@ class LLMAgent(Agent):
             "max_tokens": self.max_tokens,
             "history": self.history,
             "history_tokens": self.history_tokens,
+            "history_style": self.history_style,
+            "action_mode": self.action_mode,
+            "score_norm": self.score_norm,
+            "explore": self.explore,
         }
 
     async def aclose(self) -> None:

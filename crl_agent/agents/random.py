@@ -35,6 +35,8 @@ class RandomAgent(Agent):
 
     def make_policy(self, ctx: EpisodeContext) -> Policy:
         key = [self.seed, zlib.crc32(ctx.env_id.encode()), ctx.seed & 0xFFFFFFFF]
+        if ctx.sample:  # sample 0 keeps the streams of runs recorded before samples existed
+            key.append(ctx.sample)
         return RandomPolicy(np.random.default_rng(key))
 
     def config(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_agent.experience.bank import ExperienceBank, ExperienceEntry
+from crl_agent.rl.credit import count_aware_weight, meta_reward
 
 
 class CallLog:
@@ -132,10 +133,11 @@ class ExtractorSample:
 
 
 def entry_weight(entry: ExperienceEntry, step: int, cooldown: int = 1) -> float:
-    """``0`` if trained within the last ``cooldown`` steps, else ``(1 + train_count) ** -0.5``."""
-    if entry.last_trained_step is not None and step - entry.last_trained_step <= cooldown:
-        return 0.0
-    return (1.0 + entry.train_count) ** -0.5
+    """``0`` if trained within the last ``cooldown`` steps, else ``(1 + train_count) ** -0.5``.
+
+    The rule is :func:`crl_agent.rl.credit.count_aware_weight`.
+    """
+    return count_aware_weight(entry.train_count, entry.last_trained_step, step, cooldown)
 
 
 def fold_samples(
@@ -166,7 +168,7 @@ def fold_samples(
                 prompt_token_ids=rec.get("prompt_token_ids"),
                 token_ids=rec.get("token_ids", []),
                 logprobs=rec.get("logprobs", []),
-                reward=sum(got) / len(got) if got else None,
+                reward=meta_reward(got),
                 episodes=len(got),
                 weight=weight,
                 entries=entries,

@@ -7,6 +7,7 @@ Build one with :func:`make_llm`::
     llm = make_llm("openai", model="Qwen/Qwen2.5-7B-Instruct", base_url="http://gpu:8000/v1")
     llm = make_llm("vllm", model="/models/qwen", gpu_memory_utilization=0.6)
     completion = await llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=32))
+    logprobs = await llm.score(messages, ["north", "south", "east"])      # one per candidate reply
 
 Backends are imported lazily: torch, httpx and vLLM load only when their backend is built.
 """
@@ -23,6 +24,9 @@ from crl_agent.llm.base import (
     LLMError,
     Message,
     SamplingParams,
+    ScoreResult,
+    ScoringUnsupported,
+    check_candidates,
     check_sampling_params,
 )
 
@@ -56,6 +60,9 @@ __all__ = [
     "LLMError",
     "Message",
     "SamplingParams",
+    "ScoreResult",
+    "ScoringUnsupported",
+    "check_candidates",
     "check_sampling_params",
     "make_llm",
 ]

@@ -4,6 +4,24 @@ A backend turns a chat (a list of ``{"role": ..., "content": ...}`` messages) in
 :class:`Completion` that carries the text *and* what a trainer needs later: the prompt's and
 the completion's token ids and the per-token log-probs of the sampled tokens.
 
+The interface, in full:
+
+- ``await llm.chat(messages, SamplingParams) -> Completion``: sample one reply.
+- ``await llm.score(messages, candidates, norm="sum") -> list[float]``: the log-probability of
+  each candidate written as the assistant's complete reply (GLAM-style action scoring); ``"mean"``
+  divides by each candidate's token count. ``await llm.score_full(messages, candidates)`` returns
+  a :class:`ScoreResult` with the exact token ids scored, for a trainer that must recompute the
+  same log-probs with gradients (never re-tokenise). Candidate rules (:func:`check_candidates`):
+  a non-empty list of at most :data:`MAX_CANDIDATES` strings; duplicates are scored once and every
+  copy gets the same score (a softmax over them counts that action twice: dedupe first if that is
+  not wanted); lone surrogates become U+FFFD; text that looks like a special token
+  (``"<|im_end|>"``) is scored as plain text, never as the control token. Backends that cannot
+  score raise :class:`ScoringUnsupported` (use ``action_mode=generate``).
+- ``llm.policy_version``: an int stamped into every :class:`Completion` and :class:`ScoreResult`;
+  ``llm.bump_policy_version()`` increments it after a weight update and drops whatever the backend
+  cached from the old weights (the transformers backend's prefix KV cache).
+- ``llm.count_tokens(text)``, ``llm.config()``, ``await llm.aclose()``.
+
 Backends (``transformers``, ``vllm``, ``openai``) live next to this module and are built by
 :func:`crl_agent.llm.make_llm`. Agents, the experience extractor and the trainer only ever
 see :class:`LLM`.
@@ -14,10 +32,12 @@ from __future__ import annotations
 import abc
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 Message = dict[str, str]
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -64,12 +84,80 @@ class Completion:
     finish_reason: str = "stop"
     model: str = ""
     reported_completion_tokens: int | None = None
+    policy_version: int = 0
 
     @property
     def completion_tokens(self) -> int:
         if self.token_ids:
             return len(self.token_ids)
         return int(self.reported_completion_tokens or 0)
+
+
+@dataclass
+class ScoreResult:
+    """Log-probabilities of candidate replies to one prompt (see :meth:`LLM.score_full`).
+
+    Attributes:
+        logprobs: per candidate, the summed log-prob of its tokens (candidate text, then the
+            end-of-turn token) given the prompt, under the unmodified model (temperature 1).
+        token_counts: per candidate, how many tokens were scored (``len(candidate_token_ids[i])``).
+        prompt_token_ids: the rendered prompt (chat template, generation prompt added, old turns
+            dropped if the context required it); empty where a server does not expose ids.
+        candidate_token_ids: per candidate, the scored ids (end-of-turn token included).
+        token_logprobs: per candidate, the log-prob of each of its tokens (may be empty where a
+            backend only returns sums).
+        model: which model scored them.
+        policy_version: the backend's :attr:`LLM.policy_version` when they were scored.
+    """
+
+    logprobs: list[float]
+    token_counts: list[int]
+    prompt_token_ids: list[int]
+    candidate_token_ids: list[list[int]]
+    token_logprobs: list[list[float]] = field(default_factory=list)
+    model: str = ""
+    policy_version: int = 0
+
+    def normalised(self, norm: str = "sum") -> list[float]:
+        """``logprobs`` as they are (``"sum"``) or divided by each candidate's token count (``"mean"``)."""
+        check_norm(norm)
+        if norm == "sum":
+            return list(self.logprobs)
+        return [lp / max(1, n) for lp, n in zip(self.logprobs, self.token_counts, strict=True)]
+
+
+MAX_CANDIDATES = 10_000
+_NORMS = ("sum", "mean")
+
+
+def check_norm(norm: str) -> str:
+    """Return ``norm`` when it is ``"sum"`` or ``"mean"``; raise ``ValueError`` otherwise."""
+    if norm not in _NORMS:
+        raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
+    return norm
+
+
+def check_candidates(candidates: Any) -> list[str]:
+    """Validate a candidate list for scoring; return it as a list of strings.
+
+    Lone UTF-16 surrogates (which no tokenizer can encode) become U+FFFD, as in messages.
+
+    Raises:
+        ValueError: not a list/tuple of strings, empty, or longer than :data:`MAX_CANDIDATES`.
+    """
+    if isinstance(candidates, (str, bytes)) or not isinstance(candidates, (list, tuple)):
+        raise ValueError(f"candidates must be a list of strings, got {type(candidates).__name__}")
+    if not candidates:
+        raise ValueError("candidates is empty: there is nothing to score (an env listing no admissible actions "
+                         "needs action_mode=generate)")
+    if len(candidates) > MAX_CANDIDATES:
+        raise ValueError(f"{len(candidates)} candidates is over the limit of {MAX_CANDIDATES}")
+    out = []
+    for i, c in enumerate(candidates):
+        if not isinstance(c, str):
+            raise ValueError(f"candidates[{i}] must be a string, got {type(c).__name__}: {str(c)[:100]}")
+        out.append(c if c.isascii() else _SURROGATE.sub("\ufffd", c))
+    return out
 
 
 def check_sampling_params(params: SamplingParams) -> SamplingParams:
@@ -108,6 +196,10 @@ class ContextLengthError(LLMError):
     """The prompt cannot fit the model's context, even after dropping old turns (the caller's to fix)."""
 
 
+class ScoringUnsupported(LLMError):
+    """This backend (or the server behind it) cannot score candidates: use ``action_mode=generate``."""
+
+
 class LLM(abc.ABC):
     """An async chat-completion backend.
 
@@ -115,10 +207,40 @@ class LLM(abc.ABC):
     """
 
     name: str = "llm"
+    policy_version: int = 0
 
     @abc.abstractmethod
     async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
         """Complete one chat."""
+
+    async def score_full(self, messages: list[Message], candidates: list[str]) -> ScoreResult:
+        """Score each candidate as the assistant's complete reply to ``messages``.
+
+        Raises:
+            ValueError: bad messages or candidates (see :func:`check_candidates`).
+            ContextLengthError: the prompt cannot fit even after dropping old turns.
+            ScoringUnsupported: this backend cannot score.
+        """
+        raise ScoringUnsupported(f"the {self.name} backend cannot score candidates; use action_mode=generate")
+
+    async def score(self, messages: list[Message], candidates: list[str], *, norm: str = "sum") -> list[float]:
+        """Log-prob of each candidate as the assistant's reply; ``norm="mean"`` divides by its token count."""
+        check_norm(norm)
+        return (await self.score_full(messages, candidates)).normalised(norm)
+
+    def bump_policy_version(self) -> int:
+        """Call after the weights changed: increments :attr:`policy_version`, drops stale caches, returns it."""
+        self.policy_version = int(self.policy_version) + 1
+        self._weights_changed()
+        return self.policy_version
+
+    def set_policy_version(self, version: int) -> None:
+        """Set :attr:`policy_version` after weights were loaded (e.g. a resumed trainer's), dropping stale caches."""
+        self.policy_version = int(version)
+        self._weights_changed()
+
+    def _weights_changed(self) -> None:  # noqa: B027 - optional hook
+        """Backends drop whatever they cached from the old weights (called by :meth:`bump_policy_version`)."""
 
     def count_tokens(self, text: str) -> int:
         """Tokens in ``text`` (backends with a tokenizer override this estimate of ~4 chars a token)."""

@@ -120,6 +120,12 @@ class RequestBatcher(Generic[R, T]):
                 else:
                     fut.set_result(res)
 
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` in the worker thread, after the batch now running and before the next one."""
+        if self._closed:
+            raise RuntimeError("the backend is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
     async def aclose(self) -> None:
         """Stop the serving tasks and the worker thread; queued requests fail (a running batch finishes)."""
         self._closed = True

@@ -79,7 +79,9 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        config = LlamaConfig(**{k: v for k, v in loaded.config.to_dict().items() if k not in {"architectures"}})
+        # the weights are saved dequantized: a GGUF quantization_config would only mislead the loader
+        skip = {"architectures", "quantization_config"}
+        config = LlamaConfig(**{k: v for k, v in loaded.config.to_dict().items() if k not in skip})
         config.architectures = ["LlamaForCausalLM"]
         plain = LlamaForCausalLM(config)
         missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)

@@ -28,6 +28,17 @@ when the server returns them. Token ids come back only from servers that return 
 (``choices[0].token_ids``, as vLLM does with ``return_token_ids``; ``"token_id:N"`` token
 strings, as vLLM does with ``return_tokens_as_token_ids``); elsewhere ``token_ids`` is empty
 and ``Completion.completion_tokens`` falls back to the server's ``usage``.
+
+Scoring (:meth:`OpenAILLM.score_full`) needs the served model's tokenizer here
+(``tokenizer=<local HF tokenizer or model directory>``, or ``"smollm2"``): the chat template is
+applied client-side and each ``prompt + candidate + end-of-turn`` is sent as token ids to
+``POST /completions`` with ``echo: true, logprobs: 1, max_tokens: 1`` (vLLM, SGLang and
+``crl_agent.serve`` answer it; prefix caching on the server makes the shared prompt cheap). The
+echoed prompt log-probs of the candidate's tokens are summed. Without ``tokenizer``, or when the
+server refuses the request or returns no echoed log-probs, scoring raises
+:class:`~crl_agent.llm.base.ScoringUnsupported`, whose message says to use ``action_mode=generate``.
+The prompt is not shortened here (the server's context is unknown): a server's context-length
+error is reported as an ``LLMError``.
 """
 
 from __future__ import annotations
@@ -42,11 +53,31 @@ import random
 import time
 from typing import Any
 
-from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams, check_sampling_params
+from crl_agent.llm.base import (
+    LLM,
+    Completion,
+    LLMError,
+    Message,
+    SamplingParams,
+    ScoreResult,
+    ScoringUnsupported,
+    check_candidates,
+    check_sampling_params,
+)
 
 log = logging.getLogger(__name__)
 _RETRY_4XX = frozenset({408, 409, 425, 429})
 _PERMANENT_5XX = frozenset({501, 505})  # not implemented / HTTP version: asking again cannot help
+_SCORE_CHUNK = 64  # prompts per /completions request
+_USE_GENERATE = "use action_mode=generate"
+
+
+class _HTTPStatusError(LLMError):
+    """A non-retryable HTTP answer (carries its status)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 def _retryable(status: int) -> bool:
@@ -79,6 +110,8 @@ class OpenAILLM(LLM):
         return_token_ids: ask for token ids (vLLM's ``return_token_ids``; our server honours it).
         extra_body: extra JSON fields sent with every request (e.g. ``{"top_k": 20}``).
         max_response_bytes: largest answer body read; a bigger one is an ``LLMError``.
+        tokenizer: a local directory holding the served model's tokenizer (or ``"smollm2"`` for the
+            packaged one); needed only by :meth:`score_full`.
     """
 
     name = "openai"
@@ -98,6 +131,7 @@ class OpenAILLM(LLM):
         return_token_ids: bool = False,
         extra_body: dict[str, Any] | None = None,
         max_response_bytes: int = 64 * 2**20,
+        tokenizer: str | None = None,
     ):
         self._httpx = _import_httpx()
         self.model = model
@@ -124,6 +158,9 @@ class OpenAILLM(LLM):
                 and self.max_concurrency >= 1 and self.backoff_s >= 0 and self.max_backoff_s >= 0):
             raise ValueError("need timeout > 0, max_retries >= 0, max_response_bytes >= 1, max_concurrency >= 1 "
                              "and backoff_s, max_backoff_s >= 0")
+        self.tokenizer_path = tokenizer
+        self._tokenizer: Any = None
+        self._end_of_turn: list[int] = []
         self._client = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
@@ -157,6 +194,81 @@ class OpenAILLM(LLM):
             raise ValueError(f"the request cannot be sent as JSON (check messages and extra_body): {e}") from None
         data = await self._request("POST", "/chat/completions", body)
         return self._parse(data, model)
+
+    async def score_full(self, messages: list[Message], candidates: list[str]) -> ScoreResult:
+        from crl_agent.llm.chat_tokens import candidate_token_ids, render_chat_ids
+        from crl_agent.llm.transformers_backend import validate_messages
+
+        messages = validate_messages(messages)
+        cands = check_candidates(candidates)
+        tok = self._load_tokenizer()
+        prompt = render_chat_ids(tok, messages)
+        unique = list(dict.fromkeys(cands))
+        ids = {c: candidate_token_ids(tok, c, self._end_of_turn) for c in unique}
+        model = self.model or await self._default_model()
+        chunks = [unique[i : i + _SCORE_CHUNK] for i in range(0, len(unique), _SCORE_CHUNK)]
+        parts = await asyncio.gather(*(self._score_chunk(model, prompt, [ids[c] for c in ch]) for ch in chunks))
+        token_lps = dict(zip(unique, [lps for part in parts for lps in part], strict=True))
+        return ScoreResult(
+            logprobs=[float(sum(token_lps[c])) for c in cands],
+            token_counts=[len(ids[c]) for c in cands],
+            prompt_token_ids=prompt,
+            candidate_token_ids=[list(ids[c]) for c in cands],
+            token_logprobs=[list(token_lps[c]) for c in cands],
+            model=model,
+            policy_version=self.policy_version,
+        )
+
+    def _load_tokenizer(self):
+        if self._tokenizer is not None:
+            return self._tokenizer
+        if not self.tokenizer_path:
+            raise ScoringUnsupported(
+                "scoring through the openai backend needs the served model's tokenizer here: pass "
+                "tokenizer=<local tokenizer or model directory> (--agent-arg tokenizer=DIR), or "
+                f"{_USE_GENERATE}")
+        try:
+            from transformers import AutoTokenizer
+
+            from crl_agent.llm.chat_tokens import find_end_of_turn
+            from crl_agent.llm.models import resolve_model_path
+        except ImportError as e:
+            raise ImportError('scoring with a local tokenizer needs transformers: pip install "crl-bench[agent]"') from e
+        path, _ = resolve_model_path(self.tokenizer_path)
+        tok = AutoTokenizer.from_pretrained(path)
+        if not tok.chat_template:
+            raise ScoringUnsupported(f"the tokenizer in {path} has no chat template; {_USE_GENERATE}")
+        self._end_of_turn = find_end_of_turn(tok, set())
+        self._tokenizer = tok
+        return tok
+
+    async def _score_chunk(self, model: str, prompt: list[int], cands: list[list[int]]) -> list[list[float]]:
+        body = {**self.extra_body, "model": model, "prompt": [prompt + c for c in cands], "echo": True,
+                "logprobs": 1, "max_tokens": 1, "temperature": 0.0}
+        try:
+            data = await self._request("POST", "/completions", body)
+        except _HTTPStatusError as e:
+            if e.status in (400, 404, 405, 422, 501):
+                raise ScoringUnsupported(f"the server cannot score candidates ({e}); {_USE_GENERATE}") from None
+            raise
+        choices = data.get("choices")
+        if not isinstance(choices, list) or len(choices) != len(cands):
+            raise ScoringUnsupported(f"{self.base_url}/completions answered {len(choices) if isinstance(choices, list) else 'no'} "
+                                     f"choices for {len(cands)} prompts; {_USE_GENERATE}")
+        ordered = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+        out = []
+        for cand, choice in zip(cands, ordered, strict=True):
+            lp = choice.get("logprobs") if isinstance(choice, dict) else None
+            values = lp.get("token_logprobs") if isinstance(lp, dict) else None
+            start = len(prompt)
+            if not isinstance(values, list) or len(values) < start + len(cand):
+                raise ScoringUnsupported(f"{self.base_url}/completions returned no echoed prompt log-probs "
+                                         f"(echo + logprobs); {_USE_GENERATE}")
+            picked = [_number(v, float) for v in values[start : start + len(cand)]]
+            if any(v is None for v in picked):
+                raise LLMError(f"{self.base_url}/completions returned malformed log-probs: {str(values)[:200]}")
+            out.append(picked)
+        return out
 
     async def list_models(self) -> list[str]:
         """Model names the server offers (``GET /v1/models``)."""
@@ -258,7 +370,7 @@ class OpenAILLM(LLM):
                     return self._json(where, content)
                 last = self._redact(f"HTTP {status}: {_error_message(content, reason)}")
                 if not _retryable(status):
-                    raise LLMError(f"{where} failed with {last}")
+                    raise _HTTPStatusError(f"{where} failed with {last}", status)
                 retry_after = headers.get("retry-after")
             if attempt < self.max_retries:
                 delay = self._delay(attempt, retry_after)

@@ -1,10 +1,28 @@
-"""``transformers`` backend: a local causal LM on CPU or GPU, with request batching.
+"""``transformers`` backend: a local causal LM on CPU or GPU, with request batching and a prefix cache.
 
-Concurrent :meth:`TransformersLLM.chat` calls are collected by a
-:class:`~crl_agent.llm.batching.RequestBatcher` (a few ms, up to ``max_batch_size``), left-padded
-and decoded together with a KV cache in a worker thread. Each request keeps its own sampling
-settings (temperature, top-p, seed, stop strings, max tokens), and rows that finish leave the
-batch early.
+Concurrent :meth:`TransformersLLM.chat` and :meth:`TransformersLLM.score_full` calls are collected
+by a :class:`~crl_agent.llm.batching.RequestBatcher` (a few ms, up to ``max_batch_size``) and run
+together in a worker thread (:mod:`crl_agent.llm.hf_engine`): one forward computes every prompt's
+uncached tokens and every candidate, then generations decode together. Each request keeps its own
+sampling settings (temperature, top-p, seed, stop strings, max tokens), and rows that finish leave
+the batch early.
+
+Prefix cache: the keys/values of every prompt are kept (:mod:`crl_agent.llm.prefix_cache`, LRU,
+``prefix_cache_bytes``, default 1 GiB, 0 turns it off), so a conversation's next turn, or a score
+of the prompt just chatted, runs only the tokens its prompt adds. Results equal those without the
+cache up to float rounding (tests compare greedy text, log-probs and scores).
+:meth:`TransformersLLM.bump_policy_version` (after a weight update) clears it.
+
+Scoring: a candidate is tokenized on its own (special-token text as plain text) and followed by the
+end-of-turn token, found at load by rendering an assistant reply through the chat template (for
+ChatML, ``<|im_end|>``), so ``"north"`` and ``"northeast"`` differ. Candidates are sent in chunks
+(at most ``score_chunk`` candidates and ``score_chunk_tokens`` tokens each; chunks after the first
+reuse the first one's cached prompt). A candidate longer than half the context is a ``ValueError``;
+the prompt gets the context minus the longest candidate and loses old turns as for ``chat``.
+
+dtype: on CPU, ``dtype=None`` times a bf16 and an fp32 matmul at load
+(:func:`~crl_agent.llm.cpu_dtype.pick_cpu_dtype`) and takes bf16 only where it is at least twice
+as fast (AMX/AVX512-BF16 CPUs); on GPU the default is bf16.
 
 Log-probs are those of the *unmodified* model distribution (temperature 1, no top-p) at each
 sampled token, i.e. what a trainer's forward pass over the same tokens computes. Token ids
@@ -24,10 +42,11 @@ A ``chat`` cancelled while its batch runs leaves the batch at the next decoding 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +57,20 @@ from crl_agent.llm.base import (
     LLMError,
     Message,
     SamplingParams,
+    ScoreResult,
+    check_candidates,
     check_sampling_params,
 )
 from crl_agent.llm.batching import RequestBatcher
+from crl_agent.llm.chat_tokens import candidate_token_ids, find_end_of_turn, render_chat_ids
+from crl_agent.llm.hf_engine import ForwardEngine, GenRequest, ScoreOutput, ScoreRequest
 from crl_agent.llm.models import resolve_model_path
+from crl_agent.llm.prefix_cache import PrefixCache
 
 _TRUNCATION_MARK = "[...] "
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ROLES = {"system", "user", "assistant", "tool"}
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _import_torch():
@@ -82,27 +107,23 @@ def validate_messages(messages: list[Message]) -> list[Message]:
     return out
 
 
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    max_new: int
-    seed: int
-    cancelled: bool = False  # set from the event loop when the caller gave up; the decoder drops the row
-
-
 class TransformersLLM(LLM):
     """A local Hugging Face causal LM behind the async :class:`LLM` interface.
 
     Args:
         model: a local model directory, or ``None`` for the packaged SmolLM2-135M-Instruct.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or ``"auto"`` (CUDA when available).
-        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``; default fp32 on CPU, bf16 on GPU.
-        max_batch_size: most requests decoded together.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``; ``None``/``"auto"``: bf16 on GPU, and on
+            CPU bf16 only where a quick matmul probe finds it clearly faster than fp32.
+        max_batch_size: most requests (chats and scores) run together.
         batch_wait_ms: how long the batcher keeps collecting after the first request.
         max_context: context length in tokens (default: the model's ``max_position_embeddings``).
         num_threads: ``torch.set_num_threads`` for CPU decoding (process-wide; default: torch's).
         seed: seeds requests that carry no ``SamplingParams.seed``, in submission order.
+        prefix_cache_bytes: memory budget of the prefix KV cache; 0 turns it off.
+        score_chunk: most candidates per scoring request sent to the batcher.
+        score_chunk_tokens: most candidate tokens per scoring request sent to the batcher.
+        max_forward_tokens: rows x padded width of one scoring forward pass.
     """
 
     name = "transformers"
@@ -118,6 +139,10 @@ class TransformersLLM(LLM):
         max_context: int | None = None,
         num_threads: int | None = None,
         seed: int = 0,
+        prefix_cache_bytes: int = 2**30,
+        score_chunk: int = 64,
+        score_chunk_tokens: int = 1024,
+        max_forward_tokens: int = 8192,
     ):
         torch, transformers = _import_torch()
         self._torch, self._transformers = torch, transformers
@@ -128,7 +153,14 @@ class TransformersLLM(LLM):
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise LLMError(f"device={device!r} but torch sees no CUDA GPU; use device='cpu'")
         self.device = device
-        dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
+        if dtype in (None, "auto"):
+            from crl_agent.llm.cpu_dtype import pick_cpu_dtype
+
+            dtype = pick_cpu_dtype() if device == "cpu" else "bfloat16"
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES} or None/'auto', got {dtype!r}")
+        if min(score_chunk, score_chunk_tokens, max_forward_tokens) < 1:
+            raise ValueError("score_chunk, score_chunk_tokens and max_forward_tokens must be >= 1")
         self.dtype = dtype
         self.model_path, self.model_name = resolve_model_path(model)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path)
@@ -137,7 +169,14 @@ class TransformersLLM(LLM):
         self._tok_lock = threading.RLock()
         if not self.tokenizer.chat_template:
             raise LLMError(f"{self.model_path} has no chat template; use an instruct/chat model")
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
+        config = transformers.AutoConfig.from_pretrained(self.model_path)
+        quant = getattr(config, "quantization_config", None)
+        if isinstance(quant, dict) and quant.get("quant_method") == "gguf" and not any(self.model_path.glob("*.gguf")):
+            # caches converted before the converter dropped it: the weights there are plain floats
+            del config.quantization_config
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            self.model_path, config=config, dtype=getattr(torch, dtype)
+        )
         self.model.to(device).eval()
         cfg_ctx = int(getattr(self.model.config, "max_position_embeddings", 0) or 4096)
         self.max_context = int(max_context or cfg_ctx)
@@ -148,17 +187,40 @@ class TransformersLLM(LLM):
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids) if self.eos_ids else 0)
+        try:
+            self.end_of_turn_ids = find_end_of_turn(self.tokenizer, self.eos_ids)
+        except ValueError as e:
+            raise LLMError(f"{self.model_path}: {e}") from None
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.seed = seed
         self._rng = random.Random(seed)
         self.max_batch_size = max_batch_size
-        self._batcher: RequestBatcher[_Request, Completion] = RequestBatcher(
-            self._generate_batch, max_batch_size=max_batch_size, max_wait_s=batch_wait_ms / 1000, thread_name="hf-gen"
+        self.score_chunk, self.score_chunk_tokens = int(score_chunk), int(score_chunk_tokens)
+        self.prefix_cache = PrefixCache(int(prefix_cache_bytes))
+        self._engine = ForwardEngine(
+            self.model, device=device, pad_id=self.pad_id, eos_ids=self.eos_ids, cache=self.prefix_cache,
+            decode_ids=self._decode_ids, model_name=self.model_name, policy_version=lambda: self.policy_version,
+            max_forward_tokens=int(max_forward_tokens),
+        )
+        self._batcher: RequestBatcher[GenRequest | ScoreRequest, Completion | ScoreOutput] = RequestBatcher(
+            self._engine.run, max_batch_size=max_batch_size, max_wait_s=batch_wait_ms / 1000, thread_name="hf-gen"
         )
 
     # ------------------------------------------------------------------ public
     @property
+    def eos_ids(self) -> frozenset[int]:
+        """Token ids that end a generation (settable, e.g. to an empty set for fixed-length benchmarks)."""
+        return self._eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids) -> None:
+        self._eos_ids = frozenset(int(i) for i in ids)
+        if getattr(self, "_engine", None) is not None:
+            self._engine.eos_ids = self._eos_ids
+
+    @property
     def batch_stats(self):
-        """How many batches (``generate`` calls) ran and their sizes."""
+        """How many batches ran and their sizes."""
         return self._batcher.stats
 
     async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
@@ -166,19 +228,126 @@ class TransformersLLM(LLM):
         messages = validate_messages(messages)
         max_new = min(params.max_tokens, max(1, self.max_context // 2))
         prompt_ids = self.fit_prompt(messages, self.max_context - max_new)
+        return await self.complete_ids(prompt_ids, params)
+
+    async def complete_ids(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Completion:
+        """Sample a continuation of raw prompt token ids (no chat template; the prompt is not fitted).
+
+        Raises:
+            ValueError: empty ids, ids outside the vocabulary, or a prompt plus ``max_tokens`` over the context.
+        """
+        params = check_sampling_params(params or SamplingParams())
+        prompt_ids = self._check_ids(prompt_ids, "prompt")
+        max_new = min(params.max_tokens, max(1, self.max_context // 2))
+        if len(prompt_ids) + max_new > self.max_context:
+            raise ContextLengthError(f"{len(prompt_ids)} prompt tokens + max_tokens {max_new} is over the context "
+                                     f"of {self.max_context} tokens")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        request = _Request(prompt_ids, params, max_new, int(seed) % 2**64)  # torch seeds are 64-bit
+        request = GenRequest(prompt_ids, params, max_new, int(seed) % 2**64)  # torch seeds are 64-bit
+        return await self._submit(request)
+
+    async def score_full(self, messages: list[Message], candidates: list[str]) -> ScoreResult:
+        messages = validate_messages(messages)
+        cands = check_candidates(candidates)
+        unique = list(dict.fromkeys(cands))  # duplicates are scored once
+        ids = [self.candidate_ids(c) for c in unique]
+        cap = self.max_context // 2
+        for text, cid in zip(unique, ids, strict=True):
+            if len(cid) > cap:
+                i = cands.index(text)
+                raise ValueError(f"candidates[{i}] is {len(cid)} tokens; at most {cap} (half the model's context of "
+                                 f"{self.max_context}) can be scored: shorten it or use action_mode=generate")
+        prompt_ids = self.fit_prompt(messages, self.max_context - max(len(c) for c in ids))
+        result = await self.score_ids(prompt_ids, ids)
+        where = {text: k for k, text in enumerate(unique)}
+        order = [where[c] for c in cands]
+        return ScoreResult(
+            logprobs=[result.logprobs[k] for k in order],
+            token_counts=[result.token_counts[k] for k in order],
+            prompt_token_ids=result.prompt_token_ids,
+            candidate_token_ids=[list(result.candidate_token_ids[k]) for k in order],
+            token_logprobs=[list(result.token_logprobs[k]) for k in order],
+            model=self.model_name,
+            policy_version=result.policy_version,
+        )
+
+    async def score_ids(self, prompt_ids: list[int], candidate_ids: list[list[int]]) -> ScoreResult:
+        """Log-probs of token-id continuations of a token-id prompt (no template, no end-of-turn added).
+
+        The token-level form of :meth:`score_full`, for callers that hold ids (a trainer, the
+        server's ``echo``). Candidates go to the batcher in chunks; the first chunk's prompt is
+        cached, so later chunks run only their candidates.
+
+        Raises:
+            ValueError: empty prompt, an empty candidate list or candidate, ids outside the vocabulary.
+            ContextLengthError: the prompt plus the longest candidate is over the context.
+        """
+        prompt_ids = self._check_ids(prompt_ids, "prompt")
+        if not isinstance(candidate_ids, (list, tuple)) or not candidate_ids:
+            raise ValueError("candidate_ids must be a non-empty list of token-id lists")
+        cands = [self._check_ids(c, f"candidate_ids[{i}]") for i, c in enumerate(candidate_ids)]
+        if len(prompt_ids) + max(len(c) for c in cands) > self.max_context:
+            raise ContextLengthError(f"{len(prompt_ids)} prompt tokens + the longest candidate "
+                                     f"({max(len(c) for c in cands)}) is over the context of {self.max_context}")
+        chunks, cur, cur_tokens = [], [], 0
+        for c in cands:
+            if cur and (len(cur) >= self.score_chunk or cur_tokens + len(c) > self.score_chunk_tokens):
+                chunks.append(cur)
+                cur, cur_tokens = [], 0
+            cur.append(c)
+            cur_tokens += len(c)
+        chunks.append(cur)
+        first = await self._submit(ScoreRequest(prompt_ids, chunks[0]))
+        rest = await asyncio.gather(*(self._submit(ScoreRequest(prompt_ids, ch)) for ch in chunks[1:]))
+        token_lps = [lp for out in [first, *rest] for lp in out.token_logprobs]
+        return ScoreResult(
+            logprobs=[float(sum(lps)) for lps in token_lps],
+            token_counts=[len(c) for c in cands],
+            prompt_token_ids=list(prompt_ids),
+            candidate_token_ids=cands,
+            token_logprobs=token_lps,
+            model=self.model_name,
+            policy_version=min(out.policy_version for out in [first, *rest]),
+        )
+
+    def candidate_ids(self, text: str) -> list[int]:
+        """The ids scored for candidate ``text``: its tokens on their own, then the end-of-turn token."""
+        with self._tok_lock:
+            return candidate_token_ids(self.tokenizer, text, self.end_of_turn_ids)
+
+    async def update_weights(self, fn: Callable[[object], None]) -> int:
+        """Run ``fn(model)`` on the worker thread between batches, then bump the policy version.
+
+        The safe way to change weights in place (e.g. load a trainer's state dict): no batch runs
+        while ``fn`` does, and the prefix cache is cleared before the next one. Returns the new version.
+        """
+        await self._batcher.run_exclusive(lambda: fn(self.model))
+        return self.bump_policy_version()
+
+    def _weights_changed(self) -> None:
+        self.prefix_cache.clear()
+
+    async def _submit(self, request: GenRequest | ScoreRequest):
         try:
             return await self._batcher.submit(request)
         except BaseException:
             request.cancelled = True  # cancelled (or the loop is closing): stop spending compute on it
             raise
 
+    def _check_ids(self, ids: object, what: str) -> list[int]:
+        if not isinstance(ids, (list, tuple)) or not ids:
+            raise ValueError(f"{what} must be a non-empty list of token ids")
+        out = []
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise ValueError(f"{what} holds {t!r}, not a token id in [0, {self.vocab_size})")
+            out.append(int(t))
+        return out
+
     def render(self, messages: list[Message]) -> list[int]:
         """Token ids of the chat template applied to ``messages``, ready for the assistant's turn."""
         with self._tok_lock:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return render_chat_ids(self.tokenizer, messages)
 
     def fit_prompt(self, messages: list[Message], budget: int) -> list[int]:
         """Render ``messages`` within ``budget`` tokens, dropping the oldest turns first.
@@ -243,6 +412,15 @@ class TransformersLLM(LLM):
     def count_tokens(self, text: str) -> int:
         return len(self._encode(text))
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain ``text`` (no special tokens added)."""
+        return self._encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``, special tokens included."""
+        with self._tok_lock:
+            return self.tokenizer.decode(ids)
+
     def token_strings(self, token_ids: list[int]) -> list[str]:
         """The text of each token on its own (for OpenAI-style ``logprobs.content``)."""
         with self._tok_lock:
@@ -257,109 +435,9 @@ class TransformersLLM(LLM):
             "dtype": self.dtype,
             "max_batch_size": self.max_batch_size,
             "max_context": self.max_context,
+            "prefix_cache_bytes": self.prefix_cache.max_bytes,
+            "end_of_turn_ids": list(self.end_of_turn_ids),
         }
 
     async def aclose(self) -> None:
         await self._batcher.aclose()
-
-    # -------------------------------------------------------------- generation
-    def _sample(self, logits, params: SamplingParams, gen) -> int:
-        torch = self._torch
-        if params.temperature <= 0:
-            return int(torch.argmax(logits))
-        scaled = logits / params.temperature
-        probs = torch.softmax(scaled, dim=-1)
-        if params.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            cum = torch.cumsum(sorted_p, dim=-1)
-            sorted_p[(cum - sorted_p) > params.top_p] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-        # Inverse-CDF sampling: one uniform draw from the request's own generator (cheaper than multinomial).
-        cdf = torch.cumsum(probs, dim=-1)
-        u = torch.rand(1, generator=gen, dtype=cdf.dtype) * cdf[-1]
-        return int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
-
-    def _generate_batch(self, reqs: list[_Request]) -> list[Completion]:
-        torch = self._torch
-        with torch.inference_mode():
-            return self._decode(reqs)
-
-    def _decode(self, reqs: list[_Request]) -> list[Completion]:
-        torch, transformers = self._torch, self._transformers
-        n = len(reqs)
-        width = max(len(r.prompt_ids) for r in reqs)
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            mask[i, width - len(r.prompt_ids):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        dev = self.device
-        input_ids, mask, positions = input_ids.to(dev), mask.to(dev), positions.to(dev)
-        gens = [torch.Generator().manual_seed(r.seed) for r in reqs]
-        cache = transformers.DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = out.logits[:, -1, :].float().cpu()
-        active = list(range(n))  # request index of each row still in the batch
-        gen_ids: list[list[int]] = [[] for _ in reqs]
-        lps: list[list[float]] = [[] for _ in reqs]
-        finish = ["length"] * n
-        stop_at: list[int | None] = [None] * n
-        next_pos = positions[:, -1:] + 1
-        while active:
-            logprobs = torch.log_softmax(logits, dim=-1)
-            keep_rows, feed = [], []
-            for row, i in enumerate(active):
-                r = reqs[i]
-                if r.cancelled:  # nobody waits for this row any more
-                    continue
-                tok = self._sample(logits[row], r.params, gens[i])
-                gen_ids[i].append(tok)
-                lps[i].append(float(logprobs[row, tok]))
-                done = False
-                if tok in self.eos_ids:
-                    finish[i], done = "stop", True
-                elif r.params.stop:
-                    text = self._decode_ids(gen_ids[i])
-                    hits = [text.find(s) for s in r.params.stop if s and s in text]
-                    if hits:
-                        finish[i], stop_at[i], done = "stop", min(hits), True
-                if not done and len(gen_ids[i]) >= r.max_new:
-                    done = True
-                if not done:
-                    keep_rows.append(row)
-                    feed.append(tok)
-            if not keep_rows:
-                break
-            if len(keep_rows) < len(active):
-                idx = torch.tensor(keep_rows, device=dev)
-                cache.batch_select_indices(idx)
-                mask, next_pos = mask[idx], next_pos[idx]
-                active = [active[row] for row in keep_rows]
-            step_ids = torch.tensor(feed, dtype=torch.long, device=dev).unsqueeze(1)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = self.model(
-                input_ids=step_ids, attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True,
-            )
-            logits = out.logits[:, -1, :].float().cpu()
-            next_pos = next_pos + 1
-        results = []
-        for i, r in enumerate(reqs):
-            text = self._decode_ids(gen_ids[i])
-            if stop_at[i] is not None:
-                text = text[: stop_at[i]]
-            results.append(
-                Completion(
-                    text=text,
-                    token_ids=gen_ids[i],
-                    logprobs=lps[i],
-                    prompt_token_ids=list(r.prompt_ids),
-                    prompt_tokens=len(r.prompt_ids),
-                    finish_reason=finish[i],
-                    model=self.model_name,
-                )
-            )
-        return results

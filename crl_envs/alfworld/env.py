@@ -206,8 +206,8 @@ class ALFWorldEnv(TextEnv):
         won = bool(infos["won"])
         progress = 1.0 if won else self._goal_progress()
         self._progress_best = max(self._progress_best, progress)
-        return StepOutcome(obs, 1.0 if won else 0.0, won, won, self._progress_best,
-                           {"task_type": self._task_type, "game_file": self._game_file})
+        return StepOutcome(obs, reward=1.0 if won else 0.0, terminated=won, success=won, progress=self._progress_best,
+                           info={"task_type": self._task_type, "game_file": self._game_file})
 
     def _admissible_actions(self) -> list[str]:
         return list(self._admissible)

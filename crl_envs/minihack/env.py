@@ -12,7 +12,7 @@ from crl_envs.core import InvalidAction, StepOutcome, TextEnv
 from crl_envs.minihack.render import Renderer, map_box, text_of
 from crl_envs.minihack.solver import MiniHackPlanner
 
-_OBS_KEYS = ("chars", "blstats", "message", "screen_descriptions", "inv_strs", "inv_letters", "tty_chars")
+_OBS_KEYS = ("glyphs", "chars", "blstats", "message", "screen_descriptions", "inv_strs", "inv_letters", "tty_chars")
 _IN_YN, _IN_GETLIN, _XWAITFORSPACE = 1, 2, 3  # indices into NLE's "internal" array (never shown to agents)
 _MAX_CONTINUES = 64
 _DEATH, _TASK_SUCCESSFUL = 1, 2  # nle's StepStatus
@@ -49,10 +49,15 @@ class MiniHackTextEnv(TextEnv):
     ## Observation Space
     ``UnicodeText``: the goal, NetHack's messages since the last action, the map (trimmed to
     the dungeon area), the status lines, your position (row/column within the shown map)
-    and HP, a legend of the symbols on the map (from NetHack's own screen descriptions), the
-    inventory as ``letter - item`` (KeyRoom), a pending question if any, and the actions.
-    NetHack clears its screen when the game ends, so the last observation gives the goal,
-    the messages and the outcome ("You reached the goal." / "You died.").
+    and HP, the Objects part, a legend of the remaining symbols, the inventory as
+    ``letter - item`` (KeyRoom), a pending question if any, and the actions. The Objects
+    part lists every shown or remembered door, staircase, trap, item and monster (anything
+    but floor, wall and darkness) with NetHack's own description and its exact offset from
+    ``@``, nearest first, at most ``MAX_OBJECTS`` (16), e.g. ``Objects: staircase down (>):
+    3 south, 2 east; lichen (F): 1 north (adjacent)``; see :mod:`crl_envs.minihack.objects`.
+    The legend then describes only the symbols the Objects part does not (floor, walls,
+    you). NetHack clears its screen when the game ends, so the last observation gives the
+    goal, the messages and the outcome ("You reached the goal." / "You died.").
 
     ## Starting State
     MiniHack's generated level for the seed. ``reset(seed=...)`` seeds NetHack's core and
@@ -69,15 +74,20 @@ class MiniHackTextEnv(TextEnv):
     ``task``, ``admissible_actions``, ``valid_action``, ``success``, ``progress`` (1 on success, else 0).
 
     ## Arguments
-    ``task``: the MiniHack id, e.g. ``"MiniHack-Room-5x5-v0"``; ``render_mode``.
+    ``task``: the MiniHack id, e.g. ``"MiniHack-Room-5x5-v0"``; ``objects``: whether to show
+    the Objects part (``False`` gives the older observation with a legend of every symbol,
+    for ablations); ``render_mode``.
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version. The Objects part was added later without a version bump, because
+      no published result depended on the older text (the ``llm`` baselines were rerun).
     """
+
+    fast_steps = True  # NetHack steps take microseconds: in-process pools call it on the event loop
 
     family = "MiniHack"
 
-    def __init__(self, task: str = "MiniHack-Room-5x5-v0", render_mode: str | None = None):
+    def __init__(self, task: str = "MiniHack-Room-5x5-v0", objects: bool = True, render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
         try:
             import minihack  # noqa: F401 - registers MiniHack ids
@@ -111,7 +121,7 @@ class MiniHackTextEnv(TextEnv):
         self._goal = next((g for k, g in _GOAL.items() if f"-{k}" in task), "Reach the staircase down (>).")
         self._actions = tuple(self._named)
         self._actions_in_prompt = (*self._actions, "escape")
-        self._renderer = Renderer(self._goal, show_inventory="KeyRoom" in task)
+        self._renderer = Renderer(self._goal, show_inventory="KeyRoom" in task, show_objects=objects)
         self._obs: dict[str, np.ndarray] = {}
         self._prompt = ""
         self._message = ""
@@ -182,10 +192,11 @@ class MiniHackTextEnv(TextEnv):
             raise InvalidAction(f"{action[:60]!r} is not an action here; use one of: {', '.join(self._named)}")
         term, info = self._continue(*self._key(key)[1:])
         if not term:
-            return StepOutcome(self._render())
+            return StepOutcome(obs=self._render())
         status = int(info.get("end_status", 0))
         success = status == _TASK_SUCCESSFUL
-        return StepOutcome(self._render_end(status), float(success), True, success, float(success))
+        return StepOutcome(obs=self._render_end(status), reward=float(success), terminated=True, success=success,
+                           progress=float(success))
 
     def _admissible_actions(self) -> list[str]:
         return list(self._actions_in_prompt if self._prompt else self._actions)

@@ -1,20 +1,19 @@
-"""Text rendering of NetHack observations: map, status lines, position, legend, inventory.
+"""Text rendering of NetHack observations: map, status lines, position, objects, legend, inventory.
 
 NLE hands back views into buffers it reuses every step, so nothing here keeps a reference
 to an array: everything is read out as bytes (``ndarray.tobytes``, one C copy) and sliced
 in Python, which is much cheaper than numpy calls on arrays this small. Only the cells of
 the trimmed map are scanned for the legend, and decoded descriptions and inventories are
-cached by their raw bytes.
+cached by their raw bytes. The Objects part comes from :mod:`crl_envs.minihack.objects`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import numpy as np
 
-_LEGEND_CACHE_MAX = 4096
-_KEEP_CONTROL = bytes.maketrans(b"\t\n\r\x0b\x0c", b"?????")
+from crl_envs.minihack.objects import MAX_OBJECTS, ObjectFinder
 
 
 def text_of(arr: np.ndarray) -> str:
@@ -25,21 +24,14 @@ def text_of(arr: np.ndarray) -> str:
 def _span(cells: bytes, stride: int) -> tuple[int, int]:
     """``[first, last + 1)`` over the ``stride``-long runs of ``cells`` that hold a non-space byte.
 
-    ``cells`` must have passed :func:`_no_control`, so that the fast argument-free
-    ``strip()`` strips spaces only; an all-blank ``cells`` gives ``(len // stride, 0)``.
+    Only spaces count as blank (other whitespace, never seen on a NetHack map, widens the
+    span); an all-blank ``cells`` gives ``(len // stride, 0)``.
     """
-    head = len(cells) - len(cells.lstrip())
-    return head // stride, (len(cells.rstrip()) - 1) // stride + 1
+    head = len(cells) - len(cells.lstrip(b" "))
+    return head // stride, (len(cells.rstrip(b" ")) - 1) // stride + 1
 
 
-def _no_control(cells: bytes) -> bytes:
-    """``cells`` with ASCII whitespace other than space (never seen on a NetHack map) made non-blank."""
-    if b"\t" in cells or b"\n" in cells or b"\r" in cells or b"\x0b" in cells or b"\x0c" in cells:
-        return cells.translate(_KEEP_CONTROL)
-    return cells
-
-
-def map_box(chars: np.ndarray) -> tuple[list[str], int, int]:
+def map_box(chars: np.ndarray, raw: bytes | None = None) -> tuple[list[str], int, int]:
     """The dungeon map trimmed to the bounding box of its non-blank (non-space) cells.
 
     Rows and columns are found with C-level byte strips over the map and its transpose,
@@ -47,19 +39,19 @@ def map_box(chars: np.ndarray) -> tuple[list[str], int, int]:
 
     Args:
         chars: NLE's ``chars`` observation, shape ``(21, 79)``.
+        raw: ``chars.tobytes()``, where the caller has it already.
 
     Returns:
         The box's rows as text, and the box's top-left ``(row, col)`` on the screen
         (``([], 0, 0)`` when the map is blank).
     """
     h, w = chars.shape
-    raw = chars.tobytes()
-    probe = _no_control(raw)
-    r0, r1 = _span(probe, w)
+    if raw is None:
+        raw = chars.tobytes()
+    r0, r1 = _span(raw, w)
     if r1 <= r0:
         return [], 0, 0
-    columns = chars.T.tobytes()  # the same bytes, so the same control check applies
-    c0, c1 = _span(columns if probe is raw else columns.translate(_KEEP_CONTROL), h)
+    c0, c1 = _span(chars.T.tobytes(), h)
     text = raw[r0 * w:r1 * w].decode("latin-1")
     return [text[i:i + c1 - c0] for i in range(c0, (r1 - r0) * w, w)], r0, c0
 
@@ -70,35 +62,46 @@ class Renderer:
     Args:
         goal: the goal text shown on the first line.
         show_inventory: whether to render the inventory (KeyRoom tasks).
+        show_objects: whether to render the Objects part (without it, the legend describes
+            every symbol on the map).
+        max_objects: the most entries the Objects part lists.
     """
 
-    def __init__(self, goal: str, show_inventory: bool):
+    def __init__(self, goal: str, show_inventory: bool, show_objects: bool = True, max_objects: int = MAX_OBJECTS):
         self.goal = goal
         self.show_inventory = show_inventory
-        self._descs: dict[bytes, str] = {}
+        self.show_objects = show_objects
+        self.finder = ObjectFinder(max_objects)
         self._inv_key = b""
         self._inv_text = "(empty)"
 
-    def legend(self, obs: dict[str, np.ndarray], lines: list[str], r0: int, c0: int) -> str:
-        """One NetHack screen description per distinct symbol on the map.
+    def legend(self, obs: dict[str, np.ndarray], lines: list[str], r0: int, c0: int,
+               listed: Container[int] = ()) -> str:
+        """One NetHack screen description per distinct symbol on the map, listed cells left out.
 
-        Symbols are sorted by code; each is described by its first cell in reading order,
-        which lies inside the trimmed box because every non-blank cell does.
+        Symbols are sorted by code; each is described by its first cell in reading order
+        that is not in ``listed`` (flat screen indices of the cells the Objects part already
+        describes), so the legend names floor, walls, darkness and you, and a symbol shown
+        only on listed cells is not repeated. Every non-blank cell lies inside the trimmed box.
         """
         if not lines:
             return ""
         width = len(lines[0])
         flat = "".join(lines)
-        descs = obs["screen_descriptions"]
+        screen_width = obs["screen_descriptions"].shape[1]
+        descs, describe = obs["screen_descriptions"], self.finder.description
         parts = []
         for ch in sorted(set(flat) - {" "}):
             i = flat.index(ch)
-            raw = descs[r0 + i // width, c0 + i % width].tobytes()
-            d = self._descs.get(raw)
-            if d is None:
-                d = raw.split(b"\x00", 1)[0].decode("latin-1").strip()
-                if len(self._descs) < _LEGEND_CACHE_MAX:
-                    self._descs[raw] = d
+            r, c = r0 + i // width, c0 + i % width
+            while r * screen_width + c in listed:
+                i = flat.find(ch, i + 1)
+                if i < 0:
+                    break
+                r, c = r0 + i // width, c0 + i % width
+            if i < 0:
+                continue
+            d = describe(descs, r, c)
             parts.append(f"{ch} {d}" if d else ch)
         return "; ".join(parts)
 
@@ -119,13 +122,15 @@ class Renderer:
         """The full text observation.
 
         Args:
-            obs: NLE's observation dict (``chars``, ``blstats``, ``screen_descriptions``,
+            obs: NLE's observation dict (``glyphs``, ``chars``, ``blstats``, ``screen_descriptions``,
                 ``tty_chars``, and ``inv_strs``/``inv_letters`` for the inventory).
             message: NetHack's messages since the last action.
             prompt: NetHack's pending question, or "".
             actions: the admissible actions to list.
         """
-        lines, r0, c0 = map_box(obs["chars"])
+        chars = obs["chars"]
+        raw = chars.tobytes()
+        lines, r0, c0 = map_box(chars, raw)
         bl = obs["blstats"]
         x, y, hp, max_hp = int(bl[0]), int(bl[1]), int(bl[10]), int(bl[11])
         tty = obs["tty_chars"]
@@ -139,8 +144,13 @@ class Renderer:
             *lines,
             status,
             f"You (@) are at row {y - r0}, column {x - c0} of the map. HP {hp}/{max_hp}.",
-            f"Legend: {self.legend(obs, lines, r0, c0)}",
         ]
+        if self.show_objects:
+            listed = self.finder.cells(obs["glyphs"], y, x)
+            out.append(f"Objects: {self.finder.describe(obs, raw, listed, y, x)}")
+            out.append(f"Legend: {self.legend(obs, lines, r0, c0, set(listed))}")
+        else:
+            out.append(f"Legend: {self.legend(obs, lines, r0, c0)}")
         if self.show_inventory:
             out.append("Inventory: " + self.inventory(obs))
         if prompt:

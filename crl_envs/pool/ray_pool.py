@@ -1,9 +1,10 @@
-"""The :class:`~crl_envs.pool.EnvPool` API on Ray actors, for runs that span machines.
+"""``RayEnvPool`` (``backend="ray"``): the env-slot API on Ray actors, for runs that span machines.
 
 Each actor hosts several envs (slots are spread round-robin over ``num_workers`` actors),
-so a run scales over a Ray cluster. Faults are handled like the process backend: a call
-that times out or whose actor dies fails with :class:`EnvError`, the actor is killed and
-re-created with its envs, and other actors keep running.
+so a run scales over a Ray cluster. Faults are handled like the process backend, with the
+same slot bookkeeping (:mod:`crl_envs.pool.slots`): a call that times out or whose actor dies
+fails with :class:`EnvError`, the actor is killed and re-created with its envs, every other
+episode it hosted is lost until its slot is reset, and other actors keep running.
 
 Needs ``ray`` (``pip install -e ".[ray]"``). Call ``ray.init(...)`` yourself to join a
 cluster; otherwise a local one is started.
@@ -17,7 +18,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from crl_envs.pool.local import FRESH_START_METHODS, EnvError, parse_envs
+from crl_envs.pool.base import EnvError
+from crl_envs.pool.slots import SlotTable, check_method, parse_envs
 
 
 def _ray():
@@ -28,8 +30,8 @@ def _ray():
     return ray
 
 
-class _EnvHost:
-    """A Ray actor body: several envs, called by slot, with the process worker's checks.
+class _ActorBody:
+    """A Ray actor body: several envs in an :class:`~crl_envs.pool.host.EnvHost` (the checks every backend shares).
 
     An env whose constructor raises breaks only its own slot: its calls fail with the
     constructor's error, and non-text observations from a text env are errors of their call.
@@ -37,26 +39,39 @@ class _EnvHost:
 
     def __init__(self, specs: dict[int, tuple[Any, dict]]):
         import crl_envs  # noqa: F401 - registers ids and plugins in the actor
-        from crl_envs.pool.worker import _Host
+        from crl_envs.pool.host import EnvHost
 
-        self.host = _Host()
+        self.host = EnvHost()
+        self.slots = list(specs)
+        self.limits: dict[int, float | None] = {}
         for slot, (spec, kw) in specs.items():
             try:
-                self.host.call(slot, "make", (spec, kw))
+                self.limits[slot] = self.host.make(slot, spec, kw)
             except Exception:  # noqa: BLE001, S110 - reported by the slot's next call
                 pass
 
-    def call(self, slot: int, method: str, args: tuple) -> Any:
+    def made(self) -> dict[int, tuple[float | None, str | None]]:
+        """Per slot: the env's declared ``step_time_limit_s``, and why it could not be made (or ``None``)."""
+        return {slot: (self.limits.get(slot), self.host.broken.get(slot)) for slot in self.slots}
+
+    def call(self, slot: int, method: str, args: tuple, kwargs: dict[str, Any] | None = None) -> Any:
         if method == "make":
             raise AttributeError("make cannot be called through the pool")
-        return self.host.call(slot, method, args)
+        return self.host.call(slot, method, args, kwargs)
 
     def pid(self) -> int:
         return os.getpid()
 
 
 class RayEnvPool:
-    """Same API as :class:`~crl_envs.pool.EnvPool`, backed by Ray actors."""
+    """The :class:`~crl_envs.pool.base.SlotPool` API backed by Ray actors.
+
+    Args:
+        envs: ``(env_id, make_kwargs)`` pairs (or bare ids), one per slot.
+        num_workers: actors (default: one per slot, at most 2).
+        timeout: seconds a ``step``/``call`` may run before its actor is replaced.
+        reset_timeout: the same for ``reset`` and actor creation.
+    """
 
     def __init__(
         self,
@@ -68,25 +83,26 @@ class RayEnvPool:
         pairs = parse_envs(envs)
         self.num_workers = max(1, min(num_workers or min(2, len(pairs)), len(pairs)))
         self.timeout, self.reset_timeout = timeout, reset_timeout
-        self.slots = [(i, kw, gym.spec(i), n % self.num_workers) for n, (i, kw) in enumerate(pairs)]
-        self.seeds: list[int | None] = [None] * len(pairs)
-        self.active = [False] * len(pairs)  # an episode is under way on the slot
-        self.lost: list[tuple[str, str] | None] = [None] * len(pairs)  # its actor was restarted mid-episode
+        self.slots = SlotTable(pairs, self.num_workers, "actor")
         self.actors: list[Any] = [None] * self.num_workers
         self._restarts = 0
         self._closed = False
         self._started = False
 
-    def _specs(self, w: int) -> dict[int, tuple[Any, dict]]:
-        return {n: (spec, kw) for n, (_, kw, spec, worker) in enumerate(self.slots) if worker == w}
-
     def _spawn(self, w: int) -> None:
         ray = _ray()
-        self.actors[w] = ray.remote(num_cpus=0)(_EnvHost).remote(self._specs(w))
+        self.actors[w] = ray.remote(num_cpus=0)(_ActorBody).remote(self.slots.specs(w))
 
     async def start(self) -> RayEnvPool:
+        """Start Ray if needed (a local cluster) and create the actors with their envs.
+
+        Raises:
+            EnvError: when an env cannot be created (its constructor raised); the other slots serve.
+        """
         if self._started:
             return self
+        if self._closed:
+            raise RuntimeError("the pool is closed")
         ray = _ray()
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -94,11 +110,19 @@ class RayEnvPool:
         self._started = True
         for w in range(self.num_workers):
             self._spawn(w)
-        await asyncio.gather(*(asyncio.wait_for(a.pid.remote(), self.reset_timeout) for a in self.actors))
+        reports = await asyncio.gather(*(asyncio.wait_for(a.made.remote(), self.reset_timeout) for a in self.actors))
+        broken = []
+        for report in reports:
+            for slot, (limit, why) in report.items():
+                self.slots.made(slot, limit)
+                if why is not None:
+                    broken.append(self._error(slot, "exception", why))
+        if broken:  # as the other backends: start() names the first env that could not be made
+            raise min(broken, key=lambda e: e.slot)
         return self
 
     def _error(self, slot: int, cause: str, detail: str) -> EnvError:
-        return EnvError(self.slots[slot][0], self.seeds[slot], slot, cause, detail)
+        return self.slots.error(slot, cause, detail)
 
     def _restart(self, w: int, cause: str, detail: str) -> None:
         """Replace actor ``w``; every episode it hosted is lost until its slot is reset."""
@@ -107,29 +131,31 @@ class RayEnvPool:
             ray.kill(self.actors[w], no_restart=True)
         except Exception:  # noqa: BLE001, S110 - it may be dead already
             pass
-        for n, (_, _, _, worker) in enumerate(self.slots):
-            if worker == w and self.active[n]:
-                self.active[n], self.lost[n] = False, (cause, detail)
+        self.slots.lose(w, cause, detail)
         self._restarts += 1
         if not self._closed:
             self._spawn(w)
 
-    async def _request(self, slot: int, method: str, args: tuple, timeout: float) -> Any:
-        ray = _ray()
+    async def _request(self, slot: int, method: str, args: tuple, timeout: float,
+                       kwargs: dict[str, Any] | None = None) -> Any:
+        s = self.slots.check(slot)
         if not self._started:
             await self.start()
         if self._closed:
             raise self._error(slot, "closed", "the pool was closed")
-        if self.lost[slot] is not None and method not in FRESH_START_METHODS:
-            cause, detail = self.lost[slot]
-            raise self._error(slot, cause, f"the actor hosting this episode was restarted ({detail}); "
-                                           "reset the slot to start a new episode")
-        if method == "reset":  # active from the moment it is sent (see EnvPool._request)
-            self.active[slot], self.lost[slot] = True, None
-        w = self.slots[slot][3]
-        actor = self.actors[w]
+        self.slots.begin(slot, method)
         try:
-            result = await asyncio.wait_for(actor.call.remote(slot, method, args), timeout)
+            return await self._call_actor(slot, s.host, self.actors[s.host], method, args, timeout, kwargs)
+        except EnvError:
+            if self._closed:  # close() killed the actor under this call
+                raise self._error(slot, "closed", "the pool was closed") from None
+            raise
+
+    async def _call_actor(self, slot: int, w: int, actor: Any, method: str, args: tuple, timeout: float,
+                          kwargs: dict[str, Any] | None) -> Any:
+        ray = _ray()
+        try:
+            return await asyncio.wait_for(actor.call.remote(slot, method, args, kwargs), timeout)
         except asyncio.TimeoutError:
             detail = f"{method} took longer than {timeout:g} s"
             if self.actors[w] is actor:
@@ -143,17 +169,24 @@ class RayEnvPool:
         except ray.exceptions.RayTaskError as e:
             cause = e.cause if getattr(e, "cause", None) is not None else e
             raise self._error(slot, "exception", f"{type(cause).__name__}: {cause}") from None
-        return result
+        except Exception as e:  # noqa: BLE001 - e.g. an action Ray cannot serialise: fails only this call
+            raise self._error(slot, "exception", f"the {method} request failed in Ray: "
+                                                 f"{type(e).__name__}: {e}") from None
 
     async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
-        self.seeds[slot] = seed
+        """``env.reset`` on one slot; returns ``(obs, info)``."""
+        self.slots.check(slot).seed = seed
         return await self._request(slot, "reset", (seed, options), self.reset_timeout)
 
     async def step(self, slot: int, action: str):
-        return await self._request(slot, "step", (action,), self.timeout)
+        """``env.step`` on one slot; returns ``(obs, reward, terminated, truncated, info)``."""
+        return await self._request(slot, "step", (action,), self.slots.timeout(slot, self.timeout))
 
-    async def call(self, slot: int, method: str, *args: Any) -> Any:
-        return await self._request(slot, method, args, self.timeout)
+    async def call(self, slot: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a public method of the slot's unwrapped env, e.g. ``oracle_action``."""
+        self.slots.check(slot)
+        check_method(method)
+        return await self._request(slot, method, args, self.slots.timeout(slot, self.timeout), kwargs)
 
     def restarts(self) -> int:
         return self._restarts
@@ -173,6 +206,13 @@ class RayEnvPool:
 
     def __len__(self) -> int:
         return len(self.slots)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slots)
+
+    def env_id(self, slot: int) -> str:
+        return self.slots.check(slot).env_id
 
     async def __aenter__(self) -> RayEnvPool:
         return await self.start()

@@ -20,7 +20,8 @@ import numpy as np
 from gymnasium.spaces import Tuple
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from crl_envs.pool.local import EnvError, EnvPool
+from crl_envs.pool.base import EnvError
+from crl_envs.pool.process import EnvPool
 
 
 class PoolVectorEnv(VectorEnv):

@@ -1,16 +1,16 @@
 """The worker process: hosts several envs and answers requests over a pipe.
 
 Requests arrive framed on their own pipe (:func:`crl_envs.pool.pipes.read_request`) as
-``(req_id, slot, method, args)`` tuples (``None`` asks the worker to exit), and are served in
+``(req_id, slot, method, args, kwargs)`` tuples (``None`` asks the worker to exit), and are served in
 order (so the pool knows a queued call starts when the reply ahead of it arrives). Each is
 answered ``(req_id, "ok", pickled result)`` or ``(req_id, "error", (type, message, traceback))``.
 The result is pickled separately so that a result the pool cannot unpickle fails only its
 own call. ``(-1, "exit", reason)`` announces that the worker recycles itself (memory limit).
 A worker exits by itself when the pool's process dies, even in the middle of a hung call.
 
-Only plain text and small Python objects cross the pipe; there is no shared memory. A
-text env (one whose observation space is text) must return ``str`` observations: anything
-else is reported as an error of that call instead of reaching the agent.
+Only plain text and small Python objects cross the pipe; there is no shared memory. The
+envs themselves live in an :class:`~crl_envs.pool.host.EnvHost`, which applies the checks
+every backend shares (e.g. a text env must return ``str`` observations).
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
 
-import gymnasium as gym
-
+from crl_envs.pool.host import EnvHost
 from crl_envs.pool.pipes import read_request
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -38,66 +36,6 @@ def rss_mb() -> float:
             return int(f.read().split()[1]) * _PAGE / 2**20
     except (OSError, IndexError, ValueError):
         return 0.0
-
-
-def _is_text_space(space: Any) -> bool:
-    from crl_envs.spaces import UnicodeText
-
-    return isinstance(space, (UnicodeText, gym.spaces.Text))
-
-
-def _check_obs(env: gym.Env, obs: Any, method: str) -> None:
-    if not isinstance(obs, str) and _is_text_space(env.observation_space):
-        env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
-        raise TypeError(f"{env_id} returned a {type(obs).__name__} observation from {method}(); its observation "
-                        "space is text, so observations must be str (fix the env)")
-
-
-class _Host:
-    """The envs of one worker, by slot, and the errors of those that could not be created."""
-
-    def __init__(self) -> None:
-        self.envs: dict[int, gym.Env] = {}
-        self.broken: dict[int, str] = {}
-
-    def call(self, slot: int, method: str, args: tuple) -> Any:
-        if method == "make":
-            spec, kwargs = args
-            if slot in self.envs:
-                self.envs.pop(slot).close()
-            self.broken.pop(slot, None)
-            try:
-                self.envs[slot] = gym.make(spec, **kwargs)
-            except BaseException as e:
-                self.broken[slot] = f"{type(e).__name__}: {e}"
-                raise
-            return None
-        env = self.envs.get(slot)
-        if env is None:
-            why = self.broken.get(slot, "it was never created")
-            raise RuntimeError(f"the env of slot {slot} could not be created ({why}); fix its constructor or kwargs")
-        if method == "reset":
-            seed, options = args
-            obs, info = env.reset(seed=seed, options=options)
-            _check_obs(env, obs, "reset")
-            return obs, info
-        if method == "step":
-            obs, reward, term, trunc, info = env.step(args[0])
-            _check_obs(env, obs, "step")
-            return obs, float(reward), bool(term), bool(trunc), info
-        if method == "close":
-            self.envs.pop(slot).close()
-            return None
-        if method.startswith("_"):
-            raise AttributeError(f"private method {method!r} cannot be called through the pool")
-        return getattr(env.unwrapped, method)(*args)
-
-    def close(self) -> None:
-        for env in self.envs.values():
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001, S110 - best effort at exit
-                pass
 
 
 def _exit_with_parent(interval: float = 0.5) -> None:
@@ -125,7 +63,7 @@ def worker_main(requests: Connection, conn: Connection, max_rss_mb: float | None
     _exit_with_parent()
     import crl_envs  # noqa: F401 - registers ids and plugins in this process
 
-    host = _Host()
+    host = EnvHost()
     try:
         while True:
             try:
@@ -134,9 +72,9 @@ def worker_main(requests: Connection, conn: Connection, max_rss_mb: float | None
                 break
             if msg is None:
                 break
-            req_id, slot, method, args = msg
+            req_id, slot, method, args, kwargs = msg
             try:
-                result = host.call(slot, method, args)
+                result = host.call(slot, method, args, kwargs)
             except BaseException as e:  # noqa: BLE001 - the parent reports it as an EnvError
                 reply = (req_id, "error", (type(e).__name__, str(e), traceback.format_exc(limit=5)))
             else:

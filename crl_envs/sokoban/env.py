@@ -6,7 +6,7 @@ from typing import Any
 
 from crl_envs.core import InvalidAction, StepOutcome, TextEnv
 from crl_envs.sokoban.generator import GENERATOR_VERSION, Level, level_for_seed
-from crl_envs.sokoban.solver import MOVES, solve
+from crl_envs.sokoban.solver import MOVES, apply_move, deltas, solve
 
 LEGEND = "Legend: # wall, _ floor, . target, $ box, * box on a target, @ you, + you on a target"
 _ALIASES = {"u": "up", "d": "down", "l": "left", "r": "right", "north": "up", "south": "down", "west": "left", "east": "right"}
@@ -52,12 +52,15 @@ class SokobanEnv(TextEnv):
     * v0: initial version (generator version 1).
     """
 
+    fast_steps = True  # microsecond-to-millisecond steps: in-process pools call it on the event loop
+
     family = "Sokoban"
 
     def __init__(self, size: int = 6, num_boxes: int = 2, render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
         self.size = int(size)
         self.num_boxes = int(num_boxes)
+        self._deltas = deltas(self.size)
         self._level: Level | None = None
         self._walls: tuple[bool, ...] = ()
         self._targets: frozenset[int] = frozenset()
@@ -94,23 +97,23 @@ class SokobanEnv(TextEnv):
         if solved:
             feedback += " Every box is on a target: solved!"
         return StepOutcome(
-            self._render_obs(feedback), 1.0 if solved else 0.0, solved, solved, on / self.num_boxes
+            self._render_obs(feedback),
+            reward=1.0 if solved else 0.0,
+            terminated=solved,
+            success=solved,
+            progress=on / self.num_boxes,
         )
 
     def _move(self, move: str) -> str:
-        d = _delta(move, self.size)
-        nxt = self._player + d
-        if self._walls[nxt]:
+        """Apply ``move`` to the state; return what it did, in words."""
+        d = self._deltas[move]
+        what, self._player = apply_move(self._walls, self._boxes, self._player, d)
+        if what == "wall":
             return "You bump into a wall."
-        if nxt in self._boxes:
-            beyond = nxt + d
-            if self._walls[beyond] or beyond in self._boxes:
-                return "The box does not move."
-            self._boxes.remove(nxt)
-            self._boxes.add(beyond)
-            self._player = nxt
-            return f"You push a box {move}" + (" onto a target." if beyond in self._targets else ".")
-        self._player = nxt
+        if what == "blocked":
+            return "The box does not move."
+        if what == "push":
+            return f"You push a box {move}" + (" onto a target." if self._player + d in self._targets else ".")
         return f"You move {move}."
 
     def _admissible_actions(self) -> list[str]:
@@ -142,22 +145,13 @@ class SokobanEnv(TextEnv):
         return move
 
     def _simulate(self, move: str) -> tuple[int, frozenset[int]]:
-        d = _delta(move, self.size)
-        nxt, boxes = self._player + d, set(self._boxes)
-        if self._walls[nxt]:
-            return self._player, frozenset(boxes)
-        if nxt in boxes:
-            if self._walls[nxt + d] or nxt + d in boxes:
-                return self._player, frozenset(boxes)
-            boxes.remove(nxt)
-            boxes.add(nxt + d)
-        return nxt, frozenset(boxes)
+        """The state ``move`` would lead to, without changing this one (the plan's next key)."""
+        boxes = set(self._boxes)
+        _, player = apply_move(self._walls, boxes, self._player, self._deltas[move])
+        return player, frozenset(boxes)
 
     # ------------------------------------------------------------ for tools
     def state(self) -> dict[str, Any]:
         """The raw grid state (for tests and benchmarks)."""
         return {"player": self._player, "boxes": set(self._boxes), "targets": set(self._targets), "walls": self._walls}
 
-
-def _delta(move: str, width: int) -> int:
-    return {"up": -width, "down": width, "left": -1, "right": 1}[move]

@@ -8,13 +8,38 @@ player stands inside one region are merged).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 MOVES = ("up", "down", "left", "right")
 
 
 def deltas(width: int) -> dict[str, int]:
+    """The cell offset of each move on a grid ``width`` cells wide."""
     return {"up": -width, "down": width, "left": -1, "right": 1}
+
+
+def apply_move(walls: Sequence[bool], boxes: set[int], player: int, d: int) -> tuple[str, int]:
+    """One Sokoban move, in place on ``boxes``: the one implementation of the push rules.
+
+    The player steps by offset ``d``. A box in the way is pushed one cell further if that cell
+    holds neither a wall nor another box; otherwise nothing moves.
+
+    Returns:
+        ``(what, player)``: ``what`` is ``"wall"`` or ``"blocked"`` (nothing moved), ``"push"``
+        (the box from ``player + d`` is now at ``player + 2d`` in ``boxes``) or ``"walk"``, and
+        ``player`` is the player's cell after the move.
+    """
+    nxt = player + d
+    if walls[nxt]:
+        return "wall", player
+    if nxt in boxes:
+        beyond = nxt + d
+        if walls[beyond] or beyond in boxes:
+            return "blocked", player
+        boxes.remove(nxt)
+        boxes.add(beyond)
+        return "push", nxt
+    return "walk", nxt
 
 
 def live_squares(walls: list[bool], targets: Iterable[int], width: int) -> set[int]:

@@ -43,7 +43,7 @@ class SWEEnv(TextEnv):
 
     ## Action Space
     ``UnicodeText``: a bash command (multi-line allowed, at most 4096 characters), run with
-    ``bash -c`` in ``/workspace``, one sandboxed subprocess per command with a wall-clock
+    ``bash -c`` in ``/workspace`` (``/testbed`` with ``sandbox="docker"``), one sandboxed subprocess per command with a wall-clock
     timeout; or ``submit``. A command with a NUL byte, or an empty one, is an invalid move.
 
     ## Observation Space
@@ -72,8 +72,9 @@ class SWEEnv(TextEnv):
     ## Arguments
     ``instances``: path to a .json/.jsonl/.parquet instance file (default ``$SWE_INSTANCES``);
     ``bundled``: use the bundled set instead; ``repos_dir``: where repositories live (default
-    ``$SWE_REPOS``); ``sandbox``: ``"bwrap"`` (default), ``"docker"`` or ``"local"`` (no
-    isolation, opt-in); ``instance_ids``: restrict to these ids; ``command_timeout_s``,
+    ``$SWE_REPOS``); ``sandbox``: ``"bwrap"`` (default), ``"docker"`` (one container per episode
+    from the instance's image; build images with ``python -m crl_envs.swe.images build``) or
+    ``"local"`` (no isolation, opt-in); ``instance_ids``: restrict to these ids; ``command_timeout_s``,
     ``grade_timeout_s``, ``limits`` (dict of :class:`~crl_envs.swe.sandbox.Limits` fields),
     ``output_chars``, ``python`` (interpreter for bwrap/local), ``max_steps`` (the step at which the
     diff is graded; registered equal to ``max_episode_steps``), ``render_mode``.
@@ -126,7 +127,9 @@ class SWEEnv(TextEnv):
             bwrap_mode()  # fail now, with the fix named, if bubblewrap cannot run here
         elif self.sandbox_kind not in ("docker", "local"):
             raise ValueError(f"unknown sandbox {self.sandbox_kind!r}; use 'bwrap', 'docker' or 'local'")
-        if self.sandbox_kind != "docker":  # docker images hold their repos; here they must be on disk
+        if self.sandbox_kind == "docker":  # docker images hold their repos; they must be in the engine
+            self._check_images()
+        else:
             self._check_repositories()
         known = {f.name for f in fields(Limits)}
         bad = set(limits or {}) - known
@@ -175,6 +178,8 @@ class SWEEnv(TextEnv):
 
             self._sandbox = DockerSandbox(inst, self.limits)
             listing = self._sandbox.run(f"git ls-tree -r --name-only {inst.base_commit}", output_bytes=1 << 20).output
+            if self._sandbox.local_workspace:
+                self._free_at_open = free_bytes(self._sandbox.workspace)
         else:
             self._workdir = Path(tempfile.mkdtemp(prefix="crl-swe-ws-"))
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._workdir), True)
@@ -182,7 +187,7 @@ class SWEEnv(TextEnv):
             listing = git("ls-tree", "-r", "--name-only", inst.base_commit, cwd=repo)
             self._sandbox = make_sandbox(self.sandbox_kind, repo, self.limits, python=self.python)
             self._free_at_open = free_bytes(self._workdir)
-        self._layout = render_layout(listing.split("\n"), inst.base_commit)
+        self._layout = render_layout(listing.split("\n"), inst.base_commit, workdir=self._workdir_name())
 
     def normalize_action(self, action: str) -> str:
         return action.strip()
@@ -210,12 +215,37 @@ class SWEEnv(TextEnv):
 
     def _over_disk_quota(self) -> bool:
         """Whether the workspace outgrew ``limits.disk_mb`` (walked only when the filesystem filled up)."""
-        if self._workdir is None or self._sandbox is None:
+        sb = self._sandbox
+        if sb is None or not (self._workdir is not None or getattr(sb, "local_workspace", False)):
             return False
         quota = self.limits.disk_mb * 1024 * 1024
-        if self._free_at_open - free_bytes(self._workdir) <= quota:
+        if self._free_at_open - free_bytes(sb.workspace) <= quota:
             return False
         return self._sandbox.workspace_bytes() > quota
+
+    def _check_images(self) -> None:
+        """Fail at ``make`` when no instance has its Docker image; warn when only some have."""
+        from crl_envs.swe.docker_sandbox import docker_available
+        from crl_envs.swe.images import ImageMissing, resolve_image
+        from crl_envs.swe.sandbox import SandboxUnavailable
+
+        reason = docker_available()
+        if reason:
+            raise SandboxUnavailable(f"sandbox='docker' needs a running Docker engine: {reason}. Use "
+                                     "sandbox='bwrap' (apt-get install bubblewrap) instead.")
+        missing: dict[str, str] = {}
+        for inst in self.instances:
+            try:
+                resolve_image(inst)
+            except ImageMissing as e:
+                missing[inst.instance_id] = str(e)
+        if len(missing) == len(self.instances):
+            raise ImageMissing(f"none of the {len(self.instances)} instances has its Docker image; for example: "
+                               f"{next(iter(missing.values()))}")
+        if missing:
+            warnings.warn(f"{len(missing)} of {len(self.instances)} instances have no Docker image "
+                          f"({', '.join(sorted(missing)[:5])}); their episodes fail at reset. Build them with "
+                          "`python -m crl_envs.swe.images build`.", stacklevel=3)
 
     def _check_repositories(self) -> None:
         """Fail at ``make`` when no instance's repository is on disk; warn when only some are."""
@@ -290,8 +320,15 @@ class SWEEnv(TextEnv):
         assert inst is not None
         issue = _clip(inst.problem_statement.strip(), ISSUE_CHARS)
         obs = (f"# Issue ({inst.repo}, {inst.instance_id})\n{issue}\n\n# Repository layout\n{self._layout}\n\n"
-               f"# Last command (step {self._steps}/{self._max_steps})\n{last}\n\n# How to act\n{_HELP}")
+               f"# Last command (step {self._steps}/{self._max_steps})\n{last}\n\n# How to act\n{self._help()}")
         return _clip(obs, MAX_OBS_CHARS - 100)
+
+    def _help(self) -> str:
+        return _HELP.replace("/workspace", self._workdir_name())
+
+    def _workdir_name(self) -> str:
+        """Where commands run, as the agent sees it (the docker images keep SWE-bench's /testbed)."""
+        return "/testbed" if self.sandbox_kind == "docker" else "/workspace"
 
     # --------------------------------------------------------------- oracle
     def oracle_action(self) -> str:
@@ -325,10 +362,10 @@ class SWEEnv(TextEnv):
         super().close()
 
 
-def render_layout(paths: list[str], base_commit: str, max_lines: int = LAYOUT_LINES) -> str:
+def render_layout(paths: list[str], base_commit: str, max_lines: int = LAYOUT_LINES, workdir: str = "/workspace") -> str:
     """The repository's files as a compact tree: every file for small repos, directories with counts for big ones."""
     files = sorted(p for p in paths if p)
-    header = f"/workspace at base commit {base_commit[:12]} ({len(files)} tracked files)"
+    header = f"{workdir} at base commit {base_commit[:12]} ({len(files)} tracked files)"
     if len(files) <= max_lines:
         return "\n".join([header, *files])
     for depth in (3, 2, 1):

@@ -63,7 +63,7 @@ def clean_text(data: bytes) -> str:
     return text.translate(bad)
 
 
-class _BoundedOutput:
+class BoundedOutput:
     """Keeps the first and last bytes of a stream and counts the rest."""
 
     def __init__(self, limit: int):
@@ -125,7 +125,7 @@ def run_bounded(
         )
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         return CommandResult("", None, error=f"could not start the command: {e}")
-    out = _BoundedOutput(output_bytes)
+    out = BoundedOutput(output_bytes)
     timed_out = False
     stopped = ""
     next_watch = start + _WATCH_EVERY_S

@@ -10,7 +10,8 @@ seconds, address space, file size and processes, and output truncated with a mar
   command dies with it: ``--unshare-pid``, ``--die-with-parent``) and, when we are root, a real
   drop to a private unused uid/gid per sandbox (``setpriv``) after the mounts are made; otherwise
   a user namespace maps the caller to uid 65534.
-* ``docker``: the SWE-bench harness image of an instance (see :mod:`crl_envs.swe.docker_sandbox`).
+* ``docker``: one container per episode from the instance's image, with the same limits (see
+  :mod:`crl_envs.swe.docker_sandbox`; images are built by :mod:`crl_envs.swe.images`).
 * ``local``: rlimits and a process group only. No isolation at all; opt-in, with a loud warning.
 """
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from crl_envs.swe.process import CommandResult, clean_text, kill_group, run_bounded
 
-__all__ = ["CommandResult", "Limits", "Sandbox", "SandboxUnavailable", "clean_text", "kill_group", "make_sandbox",
+__all__ = ["CommandResult", "Limits", "Sandbox", "SandboxFailure", "SandboxUnavailable", "clean_text", "kill_group", "make_sandbox",
            "run_bounded"]
 
 SANDBOX_UID = 65534  # the uid commands see in user-namespace mode
@@ -43,6 +44,10 @@ _HIDDEN_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
 
 class SandboxUnavailable(RuntimeError):
     """The requested sandbox backend cannot run here; the message names the fix."""
+
+
+class SandboxFailure(RuntimeError):
+    """The sandbox itself failed (e.g. its Docker engine stopped answering), not the agent's command."""
 
 
 @dataclass(frozen=True)
@@ -311,7 +316,12 @@ def bwrap_mode() -> str:
 
 def make_sandbox(kind: str, workspace: str | Path, limits: Limits | None = None,
                  mounts: dict[str, str] | None = None, python: str | None = None) -> Sandbox:
-    """Build a ``bwrap`` or ``local`` sandbox over a host workspace directory."""
+    """Build a sandbox over a host workspace directory (``docker``: bound into the base image)."""
+    if kind == "docker":
+        from crl_envs.swe.docker_sandbox import DockerSandbox
+        from crl_envs.swe.images import BASE_IMAGE
+
+        return DockerSandbox(BASE_IMAGE, limits, mounts, workspace=workspace)
     if kind == "bwrap":
         return BwrapSandbox(workspace, limits, mounts, python)
     if kind == "local":

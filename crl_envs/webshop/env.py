@@ -68,6 +68,8 @@ class WebShopEnv(TextEnv):
     * v0: initial version (generator version 1).
     """
 
+    fast_steps = True  # microsecond-to-millisecond steps: in-process pools call it on the event loop
+
     family = "WebShop"
 
     def __init__(self, source: str = "generated", split: str = "test", num_products: int | None = None,
@@ -117,7 +119,7 @@ class WebShopEnv(TextEnv):
         reward = purchase.breakdown.reward
         info = {"reward_info": purchase.breakdown.as_dict(), "purchased_asin": purchase.asin,
                 "purchased_options": dict(purchase.options)}
-        return StepOutcome(obs, reward, terminated=True, success=reward >= 1.0, progress=reward, info=info)
+        return StepOutcome(obs, reward=reward, terminated=True, success=reward >= 1.0, progress=reward, info=info)
 
     def _admissible_actions(self) -> list[str] | None:
         return self._site.admissible_actions() if self._site is not None else None

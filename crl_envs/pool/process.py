@@ -1,4 +1,9 @@
-"""``EnvPool``: envs in worker processes, with an async per-slot API, timeouts and restarts.
+"""``ProcessPool`` (``backend="process"``): envs in worker processes, with timeouts and restarts.
+
+It implements :class:`~crl_envs.pool.base.SlotPool`. ``EnvPool`` is the same class under the
+name it had before the inline and Ray backends joined it (``from crl_envs.pool import EnvPool``
+keeps working); this module was ``crl_envs.pool.local`` until "local" came to read as
+"in this process", which the inline backend is.
 
 Slots are spread round-robin over ``num_workers`` spawned processes. Every call has a
 timeout, counted from when the worker starts it (not while it waits behind another slot's
@@ -28,48 +33,14 @@ from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-import gymnasium as gym
-
+from crl_envs.pool.base import EnvError
 from crl_envs.pool.pipes import RequestWriter, describe_exit
+from crl_envs.pool.slots import SlotTable, check_method, parse_envs
 from crl_envs.pool.worker import worker_main
-from crl_envs.registry import check_env_id
+
+__all__ = ["EnvError", "EnvPool", "ProcessPool", "SyncEnvPool"]
 
 _CTX = mp.get_context("spawn")
-FRESH_START_METHODS = ("reset", "make")  # the calls a lost episode still accepts (they start afresh)
-
-
-class EnvError(RuntimeError):
-    """An env call failed: the env raised, its worker died, or the call timed out.
-
-    Attributes:
-        env_id, seed, slot: which episode was hit.
-        cause: ``"exception"``, ``"crash"``, ``"timeout"``, ``"memory"`` or ``"closed"``.
-    """
-
-    def __init__(self, env_id: str, seed: int | None, slot: int, cause: str, detail: str):
-        self.env_id, self.seed, self.slot, self.cause, self.detail = env_id, seed, slot, cause, detail
-        super().__init__(f"{env_id} (slot {slot}, seed {seed}): {cause}: {detail}")
-
-
-def parse_envs(envs: list[tuple[str, dict[str, Any]] | str]) -> list[tuple[str, dict[str, Any]]]:
-    """Normalise ``envs`` to ``(env_id, kwargs)`` pairs, checking every id up front."""
-    pairs = [(e, {}) if isinstance(e, str) else (e[0], dict(e[1])) for e in envs]
-    if not pairs:
-        raise ValueError("EnvPool needs at least one env")
-    for env_id, _ in pairs:
-        check_env_id(env_id)
-    return pairs
-
-
-@dataclass
-class _Slot:
-    env_id: str
-    kwargs: dict[str, Any]
-    spec: gym.envs.registration.EnvSpec
-    worker: int
-    seed: int | None = None
-    active: bool = False  # an episode is running (a reset was sent)
-    lost: tuple[str, str] | None = None  # (cause, detail) when its worker was restarted mid-episode
 
 
 @dataclass
@@ -92,7 +63,7 @@ class _Worker:
     restarts: int = 0
 
 
-class EnvPool:
+class ProcessPool:
     """Many envs, possibly of different families, in worker processes.
 
     Args:
@@ -103,7 +74,7 @@ class EnvPool:
         max_worker_rss_mb: restart a worker whose resident memory passes this after a call
             (its episodes fail with cause ``"memory"``); ``None`` (default) for no limit.
 
-    Use it as ``async with EnvPool([...]) as pool:`` or call :meth:`close`.
+    Use it as ``async with ProcessPool([...]) as pool:`` or call :meth:`close`.
     """
 
     def __init__(
@@ -116,9 +87,9 @@ class EnvPool:
     ):
         pairs = parse_envs(envs)
         self.num_workers = max(1, min(num_workers or min(2, len(pairs)), len(pairs)))
+        self.slots = SlotTable(pairs, self.num_workers, "worker")
         self.timeout, self.reset_timeout = timeout, reset_timeout
         self.max_worker_rss_mb = max_worker_rss_mb
-        self.slots = [_Slot(i, kw, gym.spec(i), n % self.num_workers) for n, (i, kw) in enumerate(pairs)]
         self.workers = [_Worker(w) for w in range(self.num_workers)]
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,7 +97,7 @@ class EnvPool:
         self._started = False
 
     # ------------------------------------------------------------ lifecycle
-    async def start(self) -> EnvPool:
+    async def start(self) -> ProcessPool:
         """Spawn the workers and create every env (called by the first request).
 
         Raises:
@@ -162,15 +133,15 @@ class EnvPool:
         except (AttributeError, OSError):  # not Linux >= 5.3: the sentinel, which a forked child can hold open
             w.exit_fd = None
         self._loop.add_reader(w.process.sentinel if w.exit_fd is None else w.exit_fd, self._on_exit, w, w.process)
-        calls = [self._submit(w, n, "make", (s.spec, s.kwargs)) for n, s in enumerate(self.slots)
-                 if s.worker == w.index]
+        calls = [self._submit(w, n, "make", specs) for n, specs in self.slots.specs(w.index).items()]
         w.making = self._loop.create_task(self._await_makes(w, calls))
 
     async def _await_makes(self, w: _Worker, calls: list[tuple[int, _Call]]) -> list[EnvError]:
         errors = []
         for req_id, call in calls:
             try:
-                await self._wait(w, req_id, call, self.reset_timeout, start_timeout=self.reset_timeout)
+                self.slots.made(call.slot, await self._wait(w, req_id, call, self.reset_timeout,
+                                                            start_timeout=self.reset_timeout))
             except EnvError as e:  # the slot's next request reports it again
                 errors.append(e)
         return errors
@@ -212,8 +183,7 @@ class EnvPool:
             self._restart(w, "crash", describe_exit(process))
 
     def _error(self, slot: int, cause: str, detail: str) -> EnvError:
-        s = self.slots[slot]
-        return EnvError(s.env_id, s.seed, slot, cause, detail)
+        return self.slots.error(slot, cause, detail)
 
     def _stop_worker(self, w: _Worker, graceful: bool) -> None:
         """Stop ``w``'s process and close its pipes (it may be dead already)."""
@@ -250,9 +220,7 @@ class EnvPool:
         for call in pending.values():
             if not call.done.done():
                 call.done.set_exception(self._error(call.slot, cause, detail))
-        for s in self.slots:
-            if s.worker == w.index and s.active:
-                s.active, s.lost = False, (cause, detail)
+        self.slots.lose(w.index, cause, detail)
         w.restarts += 1
         if not self._closed and not died_while_making:  # else the next request retries, once
             self._spawn(w)
@@ -277,7 +245,7 @@ class EnvPool:
             if w.making is not None and not w.making.done():
                 w.making.cancel()
 
-    async def __aenter__(self) -> EnvPool:
+    async def __aenter__(self) -> ProcessPool:
         return await self.start()
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -286,12 +254,20 @@ class EnvPool:
     def __len__(self) -> int:
         return len(self.slots)
 
+    @property
+    def num_slots(self) -> int:
+        return len(self.slots)
+
+    def env_id(self, slot: int) -> str:
+        return self.slots.check(slot).env_id
+
     # ------------------------------------------------------------------ API
-    def _submit(self, w: _Worker, slot: int, method: str, args: tuple) -> tuple[int, _Call]:
+    def _submit(self, w: _Worker, slot: int, method: str, args: tuple,
+                kwargs: dict[str, Any] | None = None) -> tuple[int, _Call]:
         """Queue a request to ``w`` now (synchronously, so requests keep their order)."""
         req_id = next(self._ids)
         try:
-            buf = bytes(ForkingPickler.dumps((req_id, slot, method, args)))
+            buf = bytes(ForkingPickler.dumps((req_id, slot, method, args, kwargs)))
         except Exception as e:  # noqa: BLE001 - e.g. an action that is a lock or a generator
             raise self._error(slot, "exception", f"the {method} request cannot be sent to the worker: "
                               f"{type(e).__name__}: {e} (actions must be str)") from None
@@ -317,45 +293,34 @@ class EnvPool:
                 self._restart(w, "timeout", what)
             raise self._error(call.slot, "timeout", what) from None
 
-    async def _request(self, slot: int, method: str, args: tuple, timeout: float) -> Any:
-        self._check_slot(slot)
+    async def _request(self, slot: int, method: str, args: tuple, timeout: float,
+                       kwargs: dict[str, Any] | None = None) -> Any:
+        s = self.slots.check(slot)
         if not self._started:
             await self.start()
         if self._closed:
             raise self._error(slot, "closed", "the pool was closed")
-        s = self.slots[slot]
-        if s.lost is not None and method not in FRESH_START_METHODS:
-            cause, detail = s.lost
-            raise self._error(slot, cause, f"the worker hosting this episode was restarted ({detail}); "
-                                           "reset the slot to start a new episode")
-        w = self.workers[s.worker]
+        self.slots.begin(slot, method)
+        w = self.workers[s.host]
         if w.process is None:  # it died while creating its envs: try once more
             self._spawn(w)
-        if method == "reset":
-            # Active from the moment it is sent: a restart while its reply is on the way (or while this
-            # coroutine waits to resume) must mark the new episode lost, never leave it on a fresh env.
-            s.active, s.lost = True, None
-        req_id, call = self._submit(w, slot, method, args)
+        req_id, call = self._submit(w, slot, method, args, kwargs)
         return await self._wait(w, req_id, call, timeout)
-
-    def _check_slot(self, slot: Any) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < len(self.slots):
-            raise IndexError(f"slot {slot!r} does not exist; this pool has slots 0..{len(self.slots) - 1}")
 
     async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
         """``env.reset`` on one slot; returns ``(obs, info)``."""
-        self._check_slot(slot)
-        s = self.slots[slot]
-        s.seed = seed
+        self.slots.check(slot).seed = seed
         return await self._request(slot, "reset", (seed, options), self.reset_timeout)
 
     async def step(self, slot: int, action: str):
         """``env.step`` on one slot; returns ``(obs, reward, terminated, truncated, info)``."""
-        return await self._request(slot, "step", (action,), self.timeout)
+        return await self._request(slot, "step", (action,), self.slots.timeout(slot, self.timeout))
 
-    async def call(self, slot: int, method: str, *args: Any) -> Any:
+    async def call(self, slot: int, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call a public method of the slot's unwrapped env, e.g. ``oracle_action``."""
-        return await self._request(slot, method, args, self.timeout)
+        self.slots.check(slot)
+        check_method(method)
+        return await self._request(slot, method, args, self.slots.timeout(slot, self.timeout), kwargs)
 
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w.process is not None]
@@ -364,12 +329,15 @@ class EnvPool:
         return sum(w.restarts for w in self.workers)
 
 
+EnvPool = ProcessPool  # its name before the other backends came; kept so users' code keeps working
+
+
 class SyncEnvPool:
-    """A blocking facade over :class:`EnvPool` for scripts, with its own event loop."""
+    """A blocking facade over :class:`ProcessPool` for scripts, with its own event loop."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._loop = asyncio.new_event_loop()
-        self.pool = EnvPool(*args, **kwargs)
+        self.pool = ProcessPool(*args, **kwargs)
         try:
             self._loop.run_until_complete(self.pool.start())
         except BaseException:
@@ -382,8 +350,8 @@ class SyncEnvPool:
     def step(self, slot: int, action: str):
         return self._loop.run_until_complete(self.pool.step(slot, action))
 
-    def call(self, slot: int, method: str, *args: Any) -> Any:
-        return self._loop.run_until_complete(self.pool.call(slot, method, *args))
+    def call(self, slot: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._loop.run_until_complete(self.pool.call(slot, method, *args, **kwargs))
 
     def close(self) -> None:
         if not self._loop.is_closed():

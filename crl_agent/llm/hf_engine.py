@@ -1,0 +1,378 @@
+"""The transformers backend's worker-thread side: one batched forward for chats and scores, then decoding.
+
+A batch holds generation requests (:class:`GenRequest`) and scoring requests (:class:`ScoreRequest`)
+from any number of episodes. Each request first takes the longest stored prefix of its prompt from
+the :class:`~crl_agent.llm.prefix_cache.PrefixCache` (at most all but the last prompt token: the
+last one must run to predict what follows). Then one forward pass runs, for every request at once,
+the prompt tokens the cache did not hold and, for a scoring request, every candidate after them.
+
+Layout of row ``b`` (one request) in that forward::
+
+    keys/values: [ cached prefix (n_b) | padding to the longest prefix | new tokens | padding ]
+    new tokens:  [ prompt suffix | candidate 1 | candidate 2 | ... ]
+
+A 4D boolean attention mask lets the suffix attend causally to the prefix and to itself, and each
+candidate to the prefix, the suffix and its own earlier tokens only, never to another candidate;
+position ids restart at the prompt's length for every candidate. So each candidate is computed as
+if it were alone after the prompt, but the prompt is computed once and all candidates share one
+forward (as in DESIGN section 9: 8 MiniHack moves scored in one sequence). The output layer runs
+only at the positions whose next token is needed: the last prompt token and each candidate token
+but the last, in chunks, so 1,000 candidates never build a 1,000 x vocabulary logits tensor at once.
+
+After the forward, each request's prompt keys/values go back into the cache; generation rows then
+decode together with a 2D padding mask, leaving the batch as they finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from crl_agent.llm.base import Completion, SamplingParams
+from crl_agent.llm.prefix_cache import PrefixCache
+
+_LOGIT_CHUNK = 256  # rows of vocabulary-sized logits materialised at once
+
+
+@dataclass
+class GenRequest:
+    """Sample a reply to ``prompt_ids``."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new: int
+    seed: int
+    cancelled: bool = False  # set from the event loop when the caller gave up; the decoder drops the row
+
+
+@dataclass
+class ScoreRequest:
+    """Per-token log-probs of each candidate (token ids) written after ``prompt_ids``."""
+
+    prompt_ids: list[int]
+    candidates: list[list[int]]
+    cancelled: bool = False
+
+
+@dataclass
+class ScoreOutput:
+    token_logprobs: list[list[float]]
+    policy_version: int
+
+
+@dataclass
+class _Row:
+    req: GenRequest | ScoreRequest
+    cached: int  # prompt tokens taken from the prefix cache
+    kv: Any  # their keys/values (per layer), or None
+    new: list[int] = field(default_factory=list)
+    seg: list[int] = field(default_factory=list)  # 0: prompt suffix, k + 1: candidate k
+    pos: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)  # where each candidate starts in ``new``
+
+    @property
+    def suffix(self) -> int:
+        return len(self.req.prompt_ids) - self.cached
+
+
+class ForwardEngine:
+    """Runs batches of :class:`GenRequest` / :class:`ScoreRequest` on one model (worker thread only).
+
+    Args:
+        model: a Hugging Face causal LM in eval mode.
+        device: where its tensors live.
+        pad_id: token id used for padding (never attended to).
+        eos_ids: ids that end a generation.
+        cache: the shared prefix cache.
+        decode_ids: token ids -> text (for stop strings).
+        model_name: stamped into completions.
+        policy_version: returns the backend's policy version (stamped into results).
+        max_forward_tokens: rows x padded width of one scoring forward; more scoring requests run
+            in further forwards (generation requests always share the first).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: str,
+        pad_id: int,
+        eos_ids: frozenset[int],
+        cache: PrefixCache,
+        decode_ids: Callable[[list[int]], str],
+        model_name: str,
+        policy_version: Callable[[], int],
+        max_forward_tokens: int = 8192,
+    ):
+        import torch
+        import transformers
+
+        self.torch, self.transformers = torch, transformers
+        self.model, self.device, self.pad_id, self.eos_ids = model, device, pad_id, eos_ids
+        self.cache, self.decode_ids, self.model_name = cache, decode_ids, model_name
+        self.policy_version = policy_version
+        self.max_forward_tokens = max_forward_tokens
+        self.base = model.base_model
+        self.head = model.get_output_embeddings()
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.bool_mask = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
+        # Slicing keys/values by position is exact only for full-attention layers.
+        probe = transformers.DynamicCache(config=model.config)
+        self.cacheable = bool(probe.layers) and all(type(x) is transformers.cache_utils.DynamicLayer
+                                                    for x in probe.layers)
+
+    # ---------------------------------------------------------------- batches
+    def run(self, reqs: list[GenRequest | ScoreRequest]) -> list[Any]:
+        """One result per request: a Completion, a ScoreOutput or an exception."""
+        torch = self.torch
+        results: list[Any] = [RuntimeError("cancelled before it ran")] * len(reqs)
+        live = [i for i, r in enumerate(reqs) if not r.cancelled]
+        cache_version = self.cache.version  # before any lookup: entries stored later must be as fresh as those read
+        plans = {i: self._plan(reqs[i]) for i in live}
+        gens = [i for i in live if isinstance(reqs[i], GenRequest)]
+        scores = [i for i in live if isinstance(reqs[i], ScoreRequest)]
+        groups: list[list[int]] = [gens] if gens else []
+        for i in scores:  # pack scoring requests by padded width (rows x longest new-token run)
+            group = groups[-1] if groups else None
+            if group is not None:
+                width = max(len(plans[j].new) for j in [*group, i])
+                if (len(group) + 1) * width <= self.max_forward_tokens:
+                    group.append(i)
+                    continue
+            groups.append([i])
+        with torch.inference_mode():
+            for group in groups:
+                try:
+                    for i, res in zip(group, self._run_group([plans[i] for i in group], cache_version), strict=True):
+                        results[i] = res
+                except Exception as e:  # noqa: BLE001 - fails this forward's requests, not the batcher
+                    for i in group:
+                        results[i] = e
+        return results
+
+    def _plan(self, req: GenRequest | ScoreRequest) -> _Row:
+        prompt = req.prompt_ids
+        if self.cacheable and self.cache.max_bytes:
+            cached, kv = self.cache.match(prompt, limit=len(prompt) - 1)
+        else:
+            cached, kv = 0, None
+        row = _Row(req, cached, kv)
+        row.new = list(prompt[cached:])
+        row.seg = [0] * len(row.new)
+        row.pos = list(range(cached, len(prompt)))
+        if isinstance(req, ScoreRequest):
+            for k, cand in enumerate(req.candidates):
+                row.offsets.append(len(row.new))
+                row.new += cand
+                row.seg += [k + 1] * len(cand)
+                row.pos += range(len(prompt), len(prompt) + len(cand))
+        return row
+
+    def _run_group(self, rows: list[_Row], cache_version: int) -> list[Any]:
+        torch, dev = self.torch, self.device
+        version = self.policy_version()
+        n_rows, past = len(rows), max(r.cached for r in rows)
+        width = max(len(r.new) for r in rows)
+        input_ids = torch.full((n_rows, width), self.pad_id, dtype=torch.long)
+        positions = torch.zeros((n_rows, width), dtype=torch.long)
+        seg = torch.full((n_rows, width), -1, dtype=torch.long)
+        cached = torch.tensor([r.cached for r in rows])
+        for b, r in enumerate(rows):
+            m = len(r.new)
+            input_ids[b, :m] = torch.tensor(r.new, dtype=torch.long)
+            positions[b, :m] = torch.tensor(r.pos, dtype=torch.long)
+            seg[b, :m] = torch.tensor(r.seg, dtype=torch.long)
+        mask = self._mask(seg, cached, past)
+        kv_cache = self._seed_cache(rows, past)
+        out = self.base(
+            input_ids=input_ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
+            cache=kv_cache, use_cache=True,
+        )
+        hidden = out.last_hidden_state
+        self._store_prompts(rows, kv_cache, past, cache_version)
+
+        results: list[Any] = [None] * n_rows
+        score_rows = [b for b, r in enumerate(rows) if isinstance(r.req, ScoreRequest)]
+        if score_rows:
+            for b, lps in zip(score_rows, self._score_logprobs(hidden, [rows[b] for b in score_rows],
+                                                                score_rows), strict=True):
+                results[b] = ScoreOutput(lps, version)
+        gen_rows = [b for b, r in enumerate(rows) if isinstance(r.req, GenRequest)]
+        if gen_rows:
+            last = torch.tensor([rows[b].suffix - 1 for b in gen_rows], device=dev)
+            logits = self._logits(hidden[torch.tensor(gen_rows, device=dev), last]).cpu()
+            if len(gen_rows) < n_rows:
+                kv_cache.batch_select_indices(torch.tensor(gen_rows, device=dev))
+            # decoding masks: valid cached prefix and prompt suffix columns of each generation row
+            idx = torch.arange(past)
+            past_ok = idx[None, :] < cached[gen_rows][:, None]
+            attn = torch.cat([past_ok, seg[gen_rows] == 0], dim=1).long().to(dev)
+            completions = self._decode([rows[b].req for b in gen_rows], kv_cache, logits, attn, version)
+            for b, c in zip(gen_rows, completions, strict=True):
+                results[b] = c
+        return results
+
+    def _mask(self, seg, cached, past: int):
+        """[rows, 1, width, past + width] attention mask (bool for sdpa, additive float otherwise)."""
+        torch = self.torch
+        n_rows, width = seg.shape
+        idx = torch.arange(width)
+        sq, sk = seg[:, :, None], seg[:, None, :]
+        causal = (idx[:, None] >= idx[None, :])[None]
+        new = causal & ((sk == 0) | (sq == sk)) & (sq >= 0) & (sk >= 0)
+        new |= torch.eye(width, dtype=torch.bool)[None] & (sq < 0)  # padding sees itself: no empty softmax row
+        old = (torch.arange(past)[None, None, :] < cached[:, None, None]) & (sq >= 0)
+        mask = torch.cat([old, new], dim=2)[:, None]
+        if self.bool_mask:
+            return mask
+        dtype = self.model.dtype
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+
+    def _seed_cache(self, rows: list[_Row], past: int):
+        torch, transformers = self.torch, self.transformers
+        config = self.model.config
+        if past == 0:
+            return transformers.DynamicCache(config=config)
+        template = next(r.kv for r in rows if r.kv is not None)
+        layers = []
+        for layer, (k0, v0) in enumerate(template):
+            shape = (len(rows), k0.shape[1], past, k0.shape[3])
+            keys = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
+            values = torch.zeros((len(rows), v0.shape[1], past, v0.shape[3]), dtype=v0.dtype, device=v0.device)
+            for b, r in enumerate(rows):
+                if r.kv is not None:
+                    keys[b, :, : r.cached] = r.kv[layer][0][0]
+                    values[b, :, : r.cached] = r.kv[layer][1][0]
+            layers.append((keys, values))
+        return transformers.DynamicCache(ddp_cache_data=layers, config=config)
+
+    def _store_prompts(self, rows: list[_Row], kv_cache, past: int, cache_version: int) -> None:
+        """Put each row's full-prompt keys/values into the prefix cache (copies, not views of the batch)."""
+        if not (self.cacheable and self.cache.max_bytes):
+            return
+        torch = self.torch
+        for b, r in enumerate(rows):
+            if r.req.cancelled:
+                continue
+            kv = []
+            for layer in kv_cache.layers:
+                parts_k, parts_v = [], []
+                if r.cached:
+                    parts_k.append(layer.keys[b : b + 1, :, : r.cached])
+                    parts_v.append(layer.values[b : b + 1, :, : r.cached])
+                parts_k.append(layer.keys[b : b + 1, :, past : past + r.suffix])
+                parts_v.append(layer.values[b : b + 1, :, past : past + r.suffix])
+                kv.append((torch.cat(parts_k, dim=2), torch.cat(parts_v, dim=2)))
+            self.cache.put(r.req.prompt_ids, kv, cache_version)
+
+    # ---------------------------------------------------------------- output layer
+    def _logits(self, hidden):
+        logits = self.head(hidden).float()
+        if self.softcap:
+            logits = self.torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def _score_logprobs(self, hidden, rows: list[_Row], batch_rows: list[int]) -> list[list[list[float]]]:
+        """Per row, per candidate, the log-prob of each candidate token."""
+        torch = self.torch
+        where_b, where_p, targets = [], [], []
+        for b, r in zip(batch_rows, rows, strict=True):
+            last = r.suffix - 1
+            for off, cand in zip(r.offsets, r.req.candidates, strict=True):
+                # token t of a candidate is predicted at the position before it: the last prompt token for t == 0
+                where_p += [last, *range(off, off + len(cand) - 1)]
+                where_b += [b] * len(cand)
+                targets += cand
+        flat = torch.empty(len(targets))
+        b_idx = torch.tensor(where_b, device=hidden.device)
+        p_idx = torch.tensor(where_p, device=hidden.device)
+        tgt = torch.tensor(targets, dtype=torch.long, device=hidden.device)
+        for s in range(0, len(targets), _LOGIT_CHUNK):
+            e = s + _LOGIT_CHUNK
+            logp = torch.log_softmax(self._logits(hidden[b_idx[s:e], p_idx[s:e]]), dim=-1)
+            flat[s:e] = logp.gather(1, tgt[s:e, None])[:, 0].cpu()
+        values = flat.tolist()
+        out, k = [], 0
+        for r in rows:
+            per_cand = []
+            for cand in r.req.candidates:
+                per_cand.append(values[k : k + len(cand)])
+                k += len(cand)
+            out.append(per_cand)
+        return out
+
+    # ---------------------------------------------------------------- decoding
+    def _sample(self, logits, params: SamplingParams, gen) -> int:
+        torch = self.torch
+        if params.temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            cum = torch.cumsum(sorted_p, dim=-1)
+            sorted_p[(cum - sorted_p) > params.top_p] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        # Inverse-CDF sampling: one uniform draw from the request's own generator (cheaper than multinomial).
+        cdf = torch.cumsum(probs, dim=-1)
+        u = torch.rand(1, generator=gen, dtype=cdf.dtype) * cdf[-1]
+        return int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
+
+    def _decode(self, reqs: list[GenRequest], kv_cache, logits, mask, version: int) -> list[Completion]:
+        torch, dev = self.torch, self.device
+        n = len(reqs)
+        gens = [torch.Generator().manual_seed(r.seed) for r in reqs]
+        next_pos = torch.tensor([[len(r.prompt_ids)] for r in reqs], device=dev)
+        active = list(range(n))  # request index of each row still in the batch
+        gen_ids: list[list[int]] = [[] for _ in reqs]
+        lps: list[list[float]] = [[] for _ in reqs]
+        finish = ["length"] * n
+        stop_at: list[int | None] = [None] * n
+        while active:
+            logprobs = torch.log_softmax(logits, dim=-1)
+            keep_rows, feed = [], []
+            for row, i in enumerate(active):
+                r = reqs[i]
+                if r.cancelled:  # nobody waits for this row any more
+                    continue
+                tok = self._sample(logits[row], r.params, gens[i])
+                gen_ids[i].append(tok)
+                lps[i].append(float(logprobs[row, tok]))
+                done = False
+                if tok in self.eos_ids:
+                    finish[i], done = "stop", True
+                elif r.params.stop:
+                    text = self.decode_ids(gen_ids[i])
+                    hits = [text.find(s) for s in r.params.stop if s and s in text]
+                    if hits:
+                        finish[i], stop_at[i], done = "stop", min(hits), True
+                if not done and len(gen_ids[i]) >= r.max_new:
+                    done = True
+                if not done:
+                    keep_rows.append(row)
+                    feed.append(tok)
+            if not keep_rows:
+                break
+            if len(keep_rows) < len(active):
+                idx = torch.tensor(keep_rows, device=dev)
+                kv_cache.batch_select_indices(idx)
+                mask, next_pos = mask[idx], next_pos[idx]
+                active = [active[row] for row in keep_rows]
+            step_ids = torch.tensor(feed, dtype=torch.long, device=dev).unsqueeze(1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = self.model(
+                input_ids=step_ids, attention_mask=mask, position_ids=next_pos, cache=kv_cache, use_cache=True,
+            )
+            logits = out.logits[:, -1, :].float().cpu()  # the model's own forward applies any soft-capping
+            next_pos = next_pos + 1
+        results = []
+        for i, r in enumerate(reqs):
+            text = self.decode_ids(gen_ids[i])
+            if stop_at[i] is not None:
+                text = text[: stop_at[i]]
+            results.append(Completion(
+                text=text, token_ids=gen_ids[i], logprobs=lps[i], prompt_token_ids=list(r.prompt_ids),
+                prompt_tokens=len(r.prompt_ids), finish_reason=finish[i], model=self.model_name,
+                policy_version=version,
+            ))
+        return results

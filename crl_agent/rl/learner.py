@@ -1,0 +1,430 @@
+"""The policy learner: one optimiser update of a causal LM from a list of turn samples.
+
+A :class:`TurnSample` is one actor turn as it was sampled (its exact prompt token ids, never
+re-tokenised; DESIGN section 7 and 9): either a *score-mode* decision (the candidate actions' token
+ids, the index chosen and the temperature of ``softmax(scores / temperature)``) or a
+*generate-mode* response (its token ids), with the log-probs recorded at sampling time, the
+advantage of its episode and the version of the policy that sampled it.
+
+:meth:`PolicyLearner.update` recomputes the log-probs with gradient (:mod:`crl_agent.rl.logprobs`),
+applies ``clipped_pg_loss`` (``loss="ppo"``, the actor's) or ``cispo_loss`` (``loss="cispo"``, the
+extractor's) and takes one AdamW step at a constant learning rate after clipping the gradient norm.
+The loss is the one the whole list would give in a single batch (each sample is one row of the
+``[B, T]`` loss; the aggregation's denominator counts every sample given), but:
+
+- samples whose advantage is exactly 0 get no forward or backward pass: they add nothing to the
+  gradient (a group whose rewards are all equal is skipped whole);
+- the rest run in micro-batches of at most ``token_budget`` padded tokens with gradient
+  accumulation. An out-of-memory error in a forward pass splits that micro-batch in two and retries;
+  one in a backward pass (the gradient may be half-accumulated) clears the gradient and redoes the
+  update with half the budget, which is kept for later updates. A single sample that does not fit
+  raises :class:`OutOfMemory`;
+- a non-finite loss or gradient norm skips the update (logged); after ``max_nonfinite`` in a row,
+  :class:`NonFiniteUpdate` is raised;
+- the gradient buffers are zeroed in place, never freed (``zero_grad(set_to_none=True)`` re-allocated
+  about 1 GB a step on this kind of machine and made step times swing from 3.5 to 20 s: DESIGN 9);
+- stale samples (``policy_version`` below :attr:`PolicyLearner.version`, the number of updates
+  applied) are counted, and either kept, their recorded log-probs acting as the importance
+  correction (``on_stale="correct"``), or dropped (``on_stale="drop"``).
+
+The model runs in eval mode during the update (no dropout), so recomputed log-probs of an
+unchanged policy equal the sampler's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from crl_agent.rl.logprobs import NORMS, action_logprob, batch_candidate_logprobs, batch_sequence_logprobs
+from crl_agent.rl.losses import AGGREGATIONS, cispo_loss, clipped_pg_loss, ratio_stats
+
+log = logging.getLogger(__name__)
+
+LOSSES = ("ppo", "cispo")
+STALE_POLICIES = ("correct", "drop")
+
+
+class NonFiniteUpdate(RuntimeError):
+    """Too many updates in a row had a non-finite loss or gradient."""
+
+
+class OutOfMemory(RuntimeError):
+    """A single sample does not fit in memory, even alone."""
+
+
+@dataclass
+class TurnSample:
+    """One actor turn, as sampled, ready to be replayed with gradient.
+
+    Exactly one of ``candidate_ids`` (score mode) and ``response_ids`` (generate mode) is set.
+
+    Attributes:
+        prompt_ids: the exact prompt token ids the policy saw (chat template applied; non-empty).
+        advantage: the episode's advantage (e.g. from :func:`crl_agent.rl.split_group_advantages`).
+        old_logprobs: log-probs under the sampling policy: one per response token in generate mode;
+            a single value, the chosen action's ``log_softmax(scores / temperature)[chosen]``, in
+            score mode.
+        candidate_ids: score mode: each candidate action's token ids (its own tokens plus the
+            end-of-turn token, as ``LLM.score_full`` returns them).
+        chosen: score mode: index of the action taken.
+        temperature: score mode: the softmax temperature the action was sampled with.
+        norm: score mode: ``"sum"`` or ``"mean"`` of a candidate's token log-probs as its score.
+        response_ids: generate mode: the generated token ids as sampled.
+        policy_version: the learner version (updates applied) of the weights that sampled it.
+    """
+
+    prompt_ids: list[int]
+    advantage: float
+    old_logprobs: list[float]
+    candidate_ids: list[list[int]] | None = None
+    chosen: int | None = None
+    temperature: float = 1.0
+    norm: str = "sum"
+    response_ids: list[int] | None = None
+    policy_version: int = 0
+
+    def __post_init__(self) -> None:
+        self.prompt_ids = [int(t) for t in self.prompt_ids]
+        self.old_logprobs = [float(x) for x in self.old_logprobs]
+        if not self.prompt_ids:
+            raise ValueError("a sample needs a non-empty prompt")
+        if not math.isfinite(float(self.advantage)):
+            raise ValueError(f"advantage must be finite, got {self.advantage}")
+        if not all(math.isfinite(x) for x in self.old_logprobs):
+            raise ValueError("old_logprobs must be finite")
+        if (self.candidate_ids is None) == (self.response_ids is None):
+            raise ValueError("set exactly one of candidate_ids (score mode) and response_ids (generate mode)")
+        if self.candidate_ids is not None:
+            self.candidate_ids = [[int(t) for t in c] for c in self.candidate_ids]
+            if not self.candidate_ids or any(not c for c in self.candidate_ids):
+                raise ValueError("score mode needs at least one candidate, each with at least one token")
+            if self.chosen is None or isinstance(self.chosen, bool) or not 0 <= int(self.chosen) < len(self.candidate_ids):
+                raise ValueError(f"chosen must index one of the {len(self.candidate_ids)} candidates, got {self.chosen!r}")
+            self.chosen = int(self.chosen)
+            if len(self.old_logprobs) != 1:
+                raise ValueError("score mode: old_logprobs holds the chosen action's single log-prob")
+            if not self.temperature > 0:
+                raise ValueError(f"temperature must be > 0, got {self.temperature}")
+            if self.norm not in NORMS:
+                raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        else:
+            self.response_ids = [int(t) for t in self.response_ids]
+            if len(self.old_logprobs) != len(self.response_ids):
+                raise ValueError(
+                    f"{len(self.old_logprobs)} old_logprobs for {len(self.response_ids)} response tokens"
+                )
+
+    @property
+    def mode(self) -> str:
+        """``"score"`` or ``"generate"``."""
+        return "score" if self.candidate_ids is not None else "generate"
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens a forward pass over this sample processes (the micro-batch budget's unit)."""
+        if self.candidate_ids is not None:
+            return len(self.prompt_ids) + sum(len(c) for c in self.candidate_ids)
+        return len(self.prompt_ids) + len(self.response_ids or ())
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Entries of this sample's row in the ``[B, T]`` loss (1 for a score-mode decision)."""
+        return len(self.old_logprobs)
+
+
+def _is_oom(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+@dataclass
+class _Pass:
+    """Sums over one update's micro-batches."""
+
+    loss: float = 0.0
+    stats: list[tuple[dict[str, float], int]] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    tokens: int = 0
+    micro_batches: int = 0
+    splits: int = 0
+    nonfinite_loss: bool = False
+
+
+class PolicyLearner:
+    """AdamW over a causal LM's trainable parameters, one update per :meth:`update` call.
+
+    Args:
+        model: a Hugging Face causal LM, plain or ``peft``-wrapped (see :func:`crl_agent.rl.add_lora`).
+        lr: the constant learning rate.
+        loss: ``"ppo"`` (:func:`clipped_pg_loss`) or ``"cispo"`` (:func:`cispo_loss`).
+        clip_eps: PPO's ``eps``.
+        eps_low, eps_high: CISPO's clip range.
+        aggregate: ``"seq-mean-token-mean"`` or ``"token-mean"``.
+        max_grad_norm: gradient-norm clip (``None``: no clipping).
+        token_budget: most padded tokens per micro-batch.
+        weight_decay, betas: AdamW's.
+        max_nonfinite: non-finite updates in a row before :class:`NonFiniteUpdate`.
+        on_stale: ``"correct"`` keeps samples from older policy versions (their recorded log-probs are
+            the importance correction); ``"drop"`` leaves them out.
+        score_method: how candidates are scored (see :func:`crl_agent.rl.batch_candidate_logprobs`).
+        params: the parameters to train (default: every parameter with ``requires_grad``).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        lr: float = 1e-6,
+        loss: str = "ppo",
+        clip_eps: float = 0.2,
+        eps_low: float = 0.1,
+        eps_high: float = 0.1,
+        aggregate: str = "seq-mean-token-mean",
+        max_grad_norm: float | None = 1.0,
+        token_budget: int = 8192,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        max_nonfinite: int = 3,
+        on_stale: str = "correct",
+        score_method: str = "packed",
+        params: Iterable[torch.nn.Parameter] | None = None,
+    ):
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if aggregate not in AGGREGATIONS:
+            raise ValueError(f"aggregate must be one of {AGGREGATIONS}, got {aggregate!r}")
+        if on_stale not in STALE_POLICIES:
+            raise ValueError(f"on_stale must be one of {STALE_POLICIES}, got {on_stale!r}")
+        if token_budget < 1 or max_nonfinite < 1 or not lr > 0:
+            raise ValueError("token_budget and max_nonfinite must be >= 1 and lr > 0")
+        self.model = model
+        self.params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters (requires_grad is False everywhere)")
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.loss, self.clip_eps, self.eps_low, self.eps_high = loss, clip_eps, eps_low, eps_high
+        self.aggregate, self.max_grad_norm, self.token_budget = aggregate, max_grad_norm, token_budget
+        self.max_nonfinite, self.on_stale, self.score_method = max_nonfinite, on_stale, score_method
+        self.version = 0
+        self.nonfinite_in_a_row = 0
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Optimiser state, version and counters (the weights are saved by :mod:`crl_agent.rl.checkpoint`)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            "token_budget": self.token_budget,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
+        self.token_budget = int(state.get("token_budget", self.token_budget))
+
+    # ------------------------------------------------------------- the update
+    def update(self, samples: Sequence[TurnSample]) -> dict[str, float]:
+        """One optimiser step from ``samples``; returns metrics (all floats).
+
+        Metrics: ``loss``, ``clip_fraction``, ``approx_kl``, ``ratio_mean``, ``ratio_max``,
+        ``entropy`` (mean entropy of score-mode action distributions; 0 without any), ``grad_norm``
+        (before clipping), ``samples`` (given), ``samples_used`` (with a backward pass),
+        ``zero_advantage`` (skipped), ``stale`` and ``stale_dropped``, ``tokens`` (processed by
+        forward passes), ``micro_batches``, ``oom_splits``, ``updated`` (1 if the step was taken),
+        ``version`` (after the update), ``time_s``.
+
+        Raises:
+            NonFiniteUpdate: the ``max_nonfinite``-th non-finite update in a row.
+            OutOfMemory: a single sample does not fit.
+            ValueError: a sample claims a policy version newer than the learner's.
+        """
+        start = time.perf_counter()
+        future = [s for s in samples if s.policy_version > self.version]
+        if future:
+            raise ValueError(
+                f"a sample claims policy version {future[0].policy_version} but the learner is at {self.version} "
+                "(samples from another run, or a learner restored from an older checkpoint?)"
+            )
+        stale = [s for s in samples if s.policy_version < self.version]
+        kept = [s for s in samples if not (self.on_stale == "drop" and s.policy_version < self.version)]
+        # the loss's denominator: every kept sample's row, including those skipped for a zero advantage
+        rows = sum(1 for s in kept if s.num_loss_tokens > 0)
+        loss_tokens = sum(s.num_loss_tokens for s in kept)
+        active = [s for s in kept if s.advantage != 0.0 and s.num_loss_tokens > 0]
+        metrics = {
+            "samples": float(len(samples)),
+            "samples_used": float(len(active)),
+            "zero_advantage": float(sum(1 for s in kept if s.advantage == 0.0)),
+            "stale": float(len(stale)),
+            "stale_dropped": float(len(samples) - len(kept)),
+        }
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            self.optimizer.zero_grad(set_to_none=False)
+            run = self._accumulate(active, rows, loss_tokens) if active else _Pass()
+            grad_norm = self._grad_norm() if active else 0.0
+        finally:
+            self.model.train(was_training)
+        nonfinite = run.nonfinite_loss or not math.isfinite(grad_norm)
+        if nonfinite:
+            self.optimizer.zero_grad(set_to_none=False)
+            self.nonfinite_in_a_row += 1
+            log.warning(
+                "skipped an update with a non-finite %s (%d in a row)",
+                "loss" if run.nonfinite_loss else "gradient",
+                self.nonfinite_in_a_row,
+            )
+            if self.nonfinite_in_a_row >= self.max_nonfinite:
+                raise NonFiniteUpdate(
+                    f"{self.nonfinite_in_a_row} updates in a row had a non-finite loss or gradient; "
+                    "lower the learning rate, check the advantages and old log-probs, or train in float32"
+                )
+        elif active:
+            self.nonfinite_in_a_row = 0
+            if self.max_grad_norm is not None:
+                torch.nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, torch.tensor(grad_norm))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)
+            self.version += 1
+        metrics.update(_mean_stats(run.stats))
+        metrics.update(
+            loss=run.loss,
+            entropy=sum(run.entropies) / len(run.entropies) if run.entropies else 0.0,
+            grad_norm=grad_norm,
+            tokens=float(run.tokens),
+            micro_batches=float(run.micro_batches),
+            oom_splits=float(run.splits),
+            updated=float(bool(active) and not nonfinite),
+            version=float(self.version),
+            time_s=time.perf_counter() - start,
+        )
+        return metrics
+
+    def _grad_norm(self) -> float:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return 0.0
+        return float(torch.nn.utils.get_total_norm(grads, 2.0))
+
+    def _micro_batches(self, samples: list[TurnSample], budget: int) -> list[list[TurnSample]]:
+        # longest first so padding stays small; each batch's cost is rows * its longest sample
+        ordered = sorted(samples, key=lambda s: -s.num_tokens)
+        batches: list[list[TurnSample]] = []
+        for s in ordered:
+            if batches and batches[-1][0].num_tokens * (len(batches[-1]) + 1) <= budget:
+                batches[-1].append(s)
+            else:
+                batches.append([s])
+        return batches
+
+    def _accumulate(self, samples: list[TurnSample], rows: int, loss_tokens: int) -> _Pass:
+        while True:
+            run = _Pass()
+            queue = self._micro_batches(samples, self.token_budget)
+            try:
+                while queue:
+                    batch = queue.pop(0)
+                    try:
+                        loss, stats, entropies = self._forward(batch)
+                    except RuntimeError as e:
+                        if not _is_oom(e):
+                            raise
+                        if len(batch) == 1:
+                            raise OutOfMemory(
+                                f"one sample of {batch[0].num_tokens} tokens does not fit in memory even alone; "
+                                "shorten the episodes' context or use a smaller model"
+                            ) from e
+                        log.warning("out of memory on a micro-batch of %d samples: splitting it", len(batch))
+                        run.splits += 1
+                        half = len(batch) // 2
+                        queue[:0] = [batch[:half], batch[half:]]
+                        continue
+                    share = (
+                        len(batch) / rows
+                        if self.aggregate == "seq-mean-token-mean"
+                        else sum(s.num_loss_tokens for s in batch) / loss_tokens
+                    )
+                    scaled = loss * share
+                    if not torch.isfinite(scaled):
+                        run.nonfinite_loss = True
+                        return run
+                    self._backward(scaled)
+                    run.loss += scaled.item()
+                    run.stats.append((stats, sum(s.num_loss_tokens for s in batch)))
+                    run.entropies.extend(entropies)
+                    run.tokens += sum(s.num_tokens for s in batch)
+                    run.micro_batches += 1
+                return run
+            except RuntimeError as e:
+                if not _is_oom(e) or isinstance(e, OutOfMemory):
+                    raise
+                # a backward pass ran out of memory: the gradient may be half-accumulated
+                self.optimizer.zero_grad(set_to_none=False)
+                if self.token_budget <= 1:
+                    raise OutOfMemory("out of memory in a backward pass even at a 1-token budget") from e
+                self.token_budget = max(1, self.token_budget // 2)
+                log.warning("out of memory in a backward pass: redoing the update with token_budget=%d", self.token_budget)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _forward(self, batch: list[TurnSample]) -> tuple[torch.Tensor, dict[str, float], list[float]]:
+        """The micro-batch's loss (aggregated over its own rows), its ratio stats and action entropies."""
+        logps: list[torch.Tensor] = []
+        entropies: list[float] = []
+        scored = [s for s in batch if s.mode == "score"]
+        generated = [s for s in batch if s.mode == "generate"]
+        by_id: dict[int, torch.Tensor] = {}
+        for norm in NORMS:
+            group = [s for s in scored if s.norm == norm]
+            if not group:
+                continue
+            scores = batch_candidate_logprobs(
+                self.model, [s.prompt_ids for s in group], [s.candidate_ids for s in group], norm, self.score_method
+            )
+            for s, sc in zip(group, scores, strict=True):
+                by_id[id(s)] = action_logprob(sc, s.chosen, s.temperature).reshape(1)
+                with torch.no_grad():
+                    p = torch.softmax(sc.float() / s.temperature, -1)
+                    entropies.append(float(-(p * torch.log(p.clamp_min(1e-30))).sum()))
+        if generated:
+            lp, _ = batch_sequence_logprobs(self.model, [s.prompt_ids for s in generated], [s.response_ids for s in generated])
+            for i, s in enumerate(generated):
+                by_id[id(s)] = lp[i, : len(s.response_ids)]
+        logps = [by_id[id(s)] for s in batch]
+        width = max(len(x) for x in logps)
+        device = logps[0].device
+        logp = torch.zeros(len(batch), width, device=device)
+        old = torch.zeros(len(batch), width, device=device)
+        mask = torch.zeros(len(batch), width, dtype=torch.bool, device=device)
+        rows = []
+        for i, (s, x) in enumerate(zip(batch, logps, strict=True)):
+            rows.append(torch.nn.functional.pad(x, (0, width - len(x))))
+            old[i, : len(x)] = torch.tensor(s.old_logprobs, device=device)
+            mask[i, : len(x)] = True
+        logp = torch.stack(rows)
+        adv = torch.tensor([float(s.advantage) for s in batch], device=device)
+        if self.loss == "ppo":
+            loss = clipped_pg_loss(logp, old, adv, mask, clip_eps=self.clip_eps, aggregate=self.aggregate)
+            low = high = self.clip_eps
+        else:
+            loss = cispo_loss(logp, old, adv, mask, eps_low=self.eps_low, eps_high=self.eps_high, aggregate=self.aggregate)
+            low, high = self.eps_low, self.eps_high
+        return loss, ratio_stats(logp, old, mask, low, high), entropies
+
+
+def _mean_stats(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    names = ("clip_fraction", "approx_kl", "ratio_mean")
+    total = sum(n for _, n in parts)
+    out = {k: (sum(st[k] * n for st, n in parts) / total if total else 0.0) for k in names}
+    out["ratio_max"] = max((st["ratio_max"] for st, _ in parts), default=0.0)
+    return out

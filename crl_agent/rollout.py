@@ -1,0 +1,280 @@
+"""Episodes as data: the one rollout loop that evaluation (``eval.run``) and training share.
+
+:func:`run_episode` plays one episode of an :class:`EnvSlot` (an env in this process, a pool slot,
+anything with async ``reset``/``step``) with an agent's policy and returns an :class:`Episode`:
+
+- per step the observation the policy acted on, the admissible actions, the action, the reward,
+  ``valid_action``, ``terminated``/``truncated``, success and progress, the JSON-safe rest of
+  ``info``, and the policy's **turn trace** (what :meth:`Policy.turn_trace` returned after that
+  action: for the ``llm``/``crl`` agents the messages as sent, the raw reply, token ids and
+  log-probs, scored candidates, experience shown, searches);
+- the final observation, and the summary the harness records in ``episodes.jsonl``.
+
+Any exception (agent bug, env crash, pool timeout) ends the episode as *errored*: the steps played
+so far are kept and ``error`` says what happened. Values that JSON cannot hold in ``info`` or in a
+turn trace are replaced by their ``repr`` with a warning naming the field, so a policy's odd trace
+never loses the episode. The agent's :meth:`Agent.on_episode_end` receives the whole episode.
+
+Episodes are keyed ``env_id#seed#sample``: ``sample`` numbers the rollouts of one seed (GRPO
+groups, pass@k evaluation).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import traceback
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from crl_agent.agents.base import Agent, EpisodeContext
+
+STEP_INFO_KEYS = ("valid_action", "success", "progress", "admissible_actions")
+SUMMARY_FIELDS = ("env_id", "seed", "sample", "success", "progress", "reward", "actions", "invalid_actions",
+                  "terminated", "truncated", "wall_time_s", "error", "tokens_in", "tokens_out", "extra")
+
+
+def episode_key(env_id: str, seed: int, sample: int = 0) -> str:
+    """The key of one episode: ``env_id#seed#sample``."""
+    return f"{env_id}#{seed}#{sample}"
+
+
+class EnvSlot(Protocol):
+    """What :func:`run_episode` needs from an env: async ``reset`` and ``step``."""
+
+    async def reset(self, seed: int) -> tuple[str, dict[str, Any]]: ...
+
+    async def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]: ...
+
+
+@dataclass
+class Step:
+    """One ``env.step`` of an episode, with the observation it answered."""
+
+    t: int
+    observation: str
+    admissible_actions: list[str] | None
+    action: str
+    reward: float
+    valid_action: bool
+    terminated: bool
+    truncated: bool
+    success: bool
+    progress: float
+    info: dict[str, Any] = field(default_factory=dict)
+    turn: dict[str, Any] | None = None
+
+
+@dataclass
+class Episode:
+    """A finished (or errored) episode: its summary fields, its steps and its final observation.
+
+    The summary fields are what ``episodes.jsonl`` records (:meth:`summary`); agents written for the
+    former ``EpisodeResult`` read the same attributes (``success``, ``progress``, ``extra``...).
+    """
+
+    env_id: str
+    seed: int
+    sample: int = 0
+    success: bool = False
+    progress: float = 0.0
+    reward: float = 0.0
+    actions: int = 0
+    invalid_actions: int = 0
+    terminated: bool = False
+    truncated: bool = False
+    wall_time_s: float = 0.0
+    error: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    task: str = ""
+    agent: str = ""
+    steps: list[Step] = field(default_factory=list)
+    final_observation: str = ""
+
+    @property
+    def key(self) -> str:
+        return episode_key(self.env_id, self.seed, self.sample)
+
+    def summary(self) -> dict[str, Any]:
+        """The ``episodes.jsonl`` fields (no steps)."""
+        return {k: getattr(self, k) for k in SUMMARY_FIELDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, JSON-ready (the trajectory record before any text-mode capping).
+
+        Shallow: the steps become new dicts, but their ``info`` and ``turn`` dicts are the episode's own
+        (``dataclasses.asdict``'s deep copy cost 9 ms per 100-step episode).
+        """
+        out = {k: getattr(self, k) for k in (*SUMMARY_FIELDS, "task", "agent", "final_observation")}
+        out["steps"] = [dict(vars(s)) for s in self.steps]
+        return out
+
+
+# The former name of the episode summary; kept so agents written against it still import.
+EpisodeResult = Episode
+
+
+def json_safe(value: Any, where: str = "value", _depth: int = 0) -> Any:
+    """``value`` with everything JSON cannot hold replaced; warns naming each replaced field.
+
+    numpy scalars and arrays become numbers and lists; non-finite floats stay (JSON's NaN); tuples
+    and sets become lists; anything else becomes its ``repr``.
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):  # NaN and infinities too: json writes them and our loaders read them
+        return value
+    if _depth > 32:
+        warnings.warn(f"{where}: nested too deep for a trajectory; stored as its repr", stacklevel=2)
+        return repr(value)[:10_000]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            key = k if isinstance(k, str) else str(k)
+            out[key] = json_safe(v, f"{where}.{key}", _depth + 1)
+        return out
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v, f"{where}[{i}]", _depth + 1) for i, v in enumerate(value)]
+    tolist = getattr(value, "tolist", None)  # numpy scalars and arrays, torch tensors
+    if callable(tolist):
+        try:
+            return json_safe(tolist(), where, _depth + 1)
+        except Exception:  # noqa: BLE001 - fall through to repr
+            pass
+    warnings.warn(f"{where}: {type(value).__name__} is not JSON-serialisable; stored as its repr", stacklevel=2)
+    return repr(value)[:10_000]
+
+
+def _trace_of(policy: Any, where: str) -> dict[str, Any] | None:
+    trace_fn = getattr(policy, "turn_trace", None)
+    if trace_fn is None:
+        return None
+    trace = trace_fn()
+    if trace is None:
+        return None
+    if not isinstance(trace, dict):
+        trace = {"trace": trace}
+    return json_safe(trace, where)
+
+
+async def run_episode(
+    env: EnvSlot,
+    agent: Agent,
+    ctx: EpisodeContext,
+    *,
+    on_step: Callable[[Step], None] | None = None,
+) -> Episode:
+    """Play one episode of ``env`` with ``agent``'s policy for ``ctx`` and return it as data.
+
+    Args:
+        env: the env or pool slot (``reset(seed)``, ``step(action)``, both async).
+        agent: makes the policy (``agent.make_policy(ctx)``) and hears the end (``on_episode_end``).
+        ctx: which episode (env id, seed, sample, oracle hook).
+        on_step: called after each step (progress bars).
+
+    Returns:
+        The episode; an exception anywhere ends it as errored (never raised).
+    """
+    ep = Episode(env_id=ctx.env_id, seed=ctx.seed, sample=ctx.sample, agent=getattr(agent, "name", ""))
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {}
+    policy = None
+    try:
+        obs, info = await env.reset(ctx.seed)
+        ep.task = str(info.get("task") or "")
+        ep.final_observation = obs
+        policy = agent.make_policy(ctx)
+        while not (ep.terminated or ep.truncated):
+            pending = policy.act(obs, info)
+            if not inspect.isawaitable(pending):
+                raise TypeError(f"{type(policy).__qualname__}.act returned {type(pending).__name__}, not an awaitable: "
+                                "declare it `async def act(self, obs, info)`")
+            action = await pending
+            where = f"{ctx.env_id}#{ctx.seed}#{ctx.sample} step {len(ep.steps)}"
+            turn = _trace_of(policy, f"{where} turn")
+            admissible = info.get("admissible_actions")
+            prev_obs = obs
+            obs, reward, term, trunc, info = await env.step(action)
+            valid = bool(info.get("valid_action", True))
+            step = Step(
+                t=len(ep.steps),
+                observation=prev_obs,
+                admissible_actions=list(admissible) if isinstance(admissible, (list, tuple)) else None,
+                action=action if isinstance(action, str) else repr(action),
+                reward=float(reward),
+                valid_action=valid,
+                terminated=bool(term),
+                truncated=bool(trunc),
+                success=bool(info.get("success", False)),
+                progress=float(info.get("progress", 0.0)),
+                info=json_safe({k: v for k, v in info.items() if k not in STEP_INFO_KEYS}, f"{where} info"),
+                turn=turn,
+            )
+            ep.steps.append(step)
+            ep.final_observation = obs
+            ep.actions += 1
+            ep.invalid_actions += not valid
+            ep.reward += step.reward
+            ep.terminated, ep.truncated = step.terminated, step.truncated
+            if on_step is not None:
+                on_step(step)
+    except Exception as e:  # noqa: BLE001 - an episode's failure is recorded, not raised
+        ep.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+    usage = policy.usage() if policy is not None else {}
+    ep.success = bool(info.get("success", False)) and ep.error is None
+    ep.progress = float(info.get("progress", 0.0)) if ep.error is None else 0.0
+    ep.wall_time_s = time.perf_counter() - t0
+    ep.tokens_in, ep.tokens_out = int(usage.get("tokens_in", 0)), int(usage.get("tokens_out", 0))
+    try:
+        agent.on_episode_end(ctx, ep)
+    except Exception as e:  # noqa: BLE001
+        ep.error = (ep.error or "") + f"on_episode_end raised {type(e).__name__}: {e}"
+    ep.extra = json_safe(ep.extra, f"{ep.key} extra")
+    return ep
+
+
+class PoolSlot:
+    """One slot of an env pool (``crl_envs.pool.make_pool``: inline, process or Ray) as an :class:`EnvSlot`."""
+
+    def __init__(self, pool: Any, slot: int):
+        self.pool, self.slot = pool, slot
+
+    async def reset(self, seed: int):
+        return await self.pool.reset(self.slot, seed=seed)
+
+    async def step(self, action: str):
+        return await self.pool.step(self.slot, action)
+
+    def oracle(self) -> Callable[[], Awaitable[str]]:
+        """The env's solver action for the current state, as the oracle agent's ``ctx.oracle``."""
+        async def act() -> str:
+            return await self.pool.call(self.slot, "oracle_action")
+
+        return act
+
+
+class CallableSlot:
+    """Adapts a plain (synchronous) Gymnasium env to :class:`EnvSlot` for scripts and tests.
+
+    The calls run on the event loop's thread: for envs whose steps are slow, use an inline pool
+    (``crl_envs.pool.make_pool(..., backend="inline")``), which runs them off the loop.
+    """
+
+    def __init__(self, env: Any):
+        self.env = env
+
+    async def reset(self, seed: int):
+        return self.env.reset(seed=seed)
+
+    async def step(self, action: str):
+        return self.env.step(action)
+
+    def oracle(self) -> Callable[[], Awaitable[str]]:
+        async def act() -> str:
+            return self.env.unwrapped.oracle_action()
+
+        return act

@@ -1,0 +1,374 @@
+"""Complementary RL training: the actor (GRPO, split-group advantages) and the extractor (CISPO, meta-reward).
+
+Usage::
+
+    python -m crl_agent.train --mode grpo --env crl/MiniHack-Room-Random-5x5-Short-v0 --steps 30 --out runs/train-grpo
+    python -m crl_agent.train --mode crl  --env crl/MiniHack-Room-Random-5x5-Short-v0 --steps 30 --out runs/train-crl
+    python -m crl_agent.train ... --out runs/train-crl --resume        # continue a killed run
+
+The loop, one visible step at a time (CleanRL style; the pieces are imported, not re-implemented):
+
+1. **Rollout** (on-policy, synchronous): ``groups`` training seeds x ``group_size`` rollouts each,
+   all in flight at once through an env pool and :func:`crl_agent.rollout.run_episode` (the loop
+   ``eval.run`` uses), the policy scoring the admissible actions (``action_mode="score"``). In
+   ``crl`` mode the first half of each group plays without experience and the second half with it
+   (``EpisodeContext.with_experience``); pending bank updates are flushed first.
+2. **Advantages**: :func:`crl_agent.rl.split_group_advantages` on the binary outcome, within each
+   (seed, with/without experience) half; ``--adv-scale mean`` (the official code) or ``mean_std``.
+3. **Actor update**: every scored turn becomes a :class:`crl_agent.rl.TurnSample` (its exact prompt
+   and candidate token ids, the action chosen, the log-prob it was sampled with) and
+   :class:`crl_agent.rl.PolicyLearner` takes one PPO-clip step (no KL). The inference backend shares
+   the LoRA-wrapped weights, so the next rollout uses them; ``bump_policy_version`` drops its
+   prefix cache.
+4. **Extractor update** (``crl`` mode): after ``extractor_warmup`` steps, once the call log holds
+   ``extractor_batch`` calls with a meta-reward, one CISPO step on them (advantage = reward - batch
+   mean, times the count-aware weight), bank writes flushed first. On this CPU build it runs between
+   rollouts rather than beside them (the official code overlaps it on separate GPUs).
+5. **Log and checkpoint**: ``metrics.jsonl`` (one line per step), an atomic ``checkpoint.pt``;
+   every ``eval_every`` steps, held-out seeds (never trained on) are played with the pure policy
+   (no exploration), with and without experience in ``crl`` mode, into ``evals.jsonl``; at the end
+   ``curve.png``.
+
+Everything runs on CPU with the embedded SmolLM2-135M by default (LoRA, bf16 where the CPU has it);
+``--model`` takes any local causal LM, and ``--device cuda`` trains on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crl_agent.agents.base import EpisodeContext
+from crl_agent.rollout import Episode, PoolSlot, run_episode
+
+MODES = ("grpo", "crl")
+RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads")  # a resumed run may train for longer; anything else must match
+
+
+@dataclass
+class TrainConfig:
+    """Every option of a training run (``--resume`` refuses a run whose recorded config differs)."""
+
+    env: str = "crl/MiniHack-Room-Random-5x5-Short-v0"  # the task trained on
+    mode: str = "grpo"  # grpo: outcome-only GRPO; crl: Complementary RL (actor + extractor + bank)
+    model: str | None = None  # a local causal LM directory (default: the embedded SmolLM2-135M-Instruct)
+    device: str = "cpu"
+    dtype: str | None = None  # default: bf16 where the CPU has fast bf16, else fp32
+    threads: int = 0  # torch CPU threads (0: torch's default)
+    steps: int = 30  # training steps (rollout + update)
+    groups: int = 4  # training seeds per step
+    group_size: int = 8  # rollouts per seed (K); crl mode plays K/2 without experience, K/2 with it
+    max_steps: int | None = None  # cap on each episode's length (default: the env's own)
+    temperature: float = 1.0  # softmax temperature over the scored actions
+    explore: float = 0.0  # training rollouts sample from (1-explore)*policy + explore*uniform
+    score_norm: str = "sum"
+    lr: float = 3e-4  # AdamW, constant (LoRA; the official full fine-tune uses 1e-6)
+    lora_rank: int = 16  # 0: train every weight
+    clip_eps: float = 0.2
+    adv_scale: str = "mean"  # "mean" (official code) or "mean_std" (the paper's text)
+    token_budget: int = 8192  # padded tokens per micro-batch
+    extractor_lr: float = 1e-4
+    extractor_batch: int = 64  # calls with a meta-reward needed for one extractor update
+    extractor_warmup: int = 5  # steps before the extractor trains
+    cooldown: int = 1  # count-aware reweighting: entries trained within this many steps get weight 0
+    embedder: str = "minilm"
+    eval_every: int = 5  # held-out evaluation every N steps (and at the start and end); 0: only at the end
+    eval_episodes: int = 64
+    eval_seed: int = 1_000_000  # held-out seeds are eval_seed, eval_seed+1, ...; training seeds start at 0
+    seed: int = 0
+    concurrency: int = 32  # episodes in flight
+    time_budget_min: float = 0.0  # stop training after this many minutes (then the final evaluation); 0: none
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {MODES}, got {self.mode!r}")
+        if self.group_size < 2 or (self.mode == "crl" and self.group_size % 2):
+            raise ValueError("--group-size must be >= 2 (and even in crl mode: half without experience, half with)")
+        if self.adv_scale not in ("mean", "mean_std"):
+            raise ValueError("--adv-scale must be 'mean' or 'mean_std'")
+        if min(self.steps, self.groups, self.eval_episodes, self.concurrency) < 1 or self.eval_every < 0:
+            raise ValueError("--steps, --groups, --eval-episodes and --concurrency must be >= 1")
+
+
+# ---------------------------------------------------------------------------------------- plumbing
+def build(cfg: TrainConfig, out: Path):
+    """The actor's backend (LoRA-wrapped weights), its learner, and the agent that plays episodes."""
+    from crl_agent.agents.crl import CRLAgent
+    from crl_agent.agents.llm import LLMAgent
+    from crl_agent.llm import make_llm
+    from crl_agent.rl import PolicyLearner, add_lora
+
+    threads = {"num_threads": cfg.threads} if cfg.threads > 0 else {}
+    llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)
+    trained = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: inference shares it
+    learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget)
+    opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed)
+    extractor = extractor_learner = None
+    if cfg.mode == "crl":
+        extractor = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed + 1,
+                             **threads)
+        ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
+        extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo", token_budget=cfg.token_budget)
+        agent = CRLAgent(llm=llm, extractor=extractor, run_dir=str(out), embedder=cfg.embedder, **opts)
+    else:
+        agent = LLMAgent(llm=llm, **opts)
+    return llm, trained, learner, agent, extractor, extractor_learner
+
+
+async def play(cfg: TrainConfig, agent, episodes: list[EpisodeContext], explore: float) -> list[Episode]:
+    """Play ``episodes`` concurrently through an inline env pool; the agent explores as asked."""
+    from crl_envs.pool import make_pool
+
+    make_kwargs = {"max_episode_steps": cfg.max_steps} if cfg.max_steps else {}
+    n = min(cfg.concurrency, len(episodes))
+    pool = make_pool([(cfg.env, make_kwargs)] * n, "inline")
+    await pool.start()
+    slots: asyncio.Queue = asyncio.Queue()
+    for i in range(n):
+        slots.put_nowait(PoolSlot(pool, i))
+    agent.explore = explore
+
+    async def one(ctx: EpisodeContext) -> Episode:
+        slot = await slots.get()
+        try:
+            return await run_episode(slot, agent, ctx)
+        finally:
+            slots.put_nowait(slot)
+
+    try:
+        return list(await asyncio.gather(*(one(c) for c in episodes)))
+    finally:
+        pool.close()
+
+
+def turn_samples(episodes: list[Episode], advantages: list[float]):
+    """One :class:`TurnSample` per scored turn, carrying its episode's advantage."""
+    from crl_agent.rl import TurnSample
+
+    samples = []
+    for ep, adv in zip(episodes, advantages, strict=True):
+        for step in ep.steps:
+            turn = step.turn or {}
+            if turn.get("method") != "score":
+                continue
+            samples.append(TurnSample(
+                prompt_ids=turn["prompt_token_ids"], advantage=float(adv), old_logprobs=[turn["action_logprob"]],
+                candidate_ids=turn["candidate_token_ids"], chosen=turn["chosen"], temperature=turn["temperature"],
+                norm=turn["score_norm"], policy_version=int(turn.get("policy_version", 0)),
+            ))
+    return samples
+
+
+def extractor_samples(manager, step: int, cooldown: int, batch: int):
+    """The extractor's CISPO batch: calls with a meta-reward, advantage = (reward - mean) * weight."""
+    from crl_agent.rl import TurnSample
+
+    ready = [s for s in manager.training_samples(step, cooldown) if s.reward is not None and s.prompt_token_ids
+             and s.token_ids and len(s.logprobs) == len(s.token_ids)]
+    if len(ready) < batch:
+        return [], []
+    ready = ready[-batch:]
+    mean = sum(s.reward for s in ready) / len(ready)
+    samples = [TurnSample(prompt_ids=s.prompt_token_ids, response_ids=s.token_ids, old_logprobs=s.logprobs,
+                          advantage=(s.reward - mean) * s.weight) for s in ready]
+    return samples, ready
+
+
+async def evaluate(cfg: TrainConfig, agent, step: int) -> dict[str, Any]:
+    """Held-out success with the pure policy (no exploration), with and without experience in crl mode."""
+    seeds = range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes)
+    row: dict[str, Any] = {"step": step}
+    for with_exp in ([False, True] if cfg.mode == "crl" else [False]):
+        eps = await play(cfg, agent, [EpisodeContext(cfg.env, s, i, with_experience=with_exp)
+                                      for i, s in enumerate(seeds)], explore=0.0)
+        ok = [e.success for e in eps if e.error is None]
+        key = "with_experience" if with_exp else "success"
+        row[key] = sum(ok) / len(eps)
+        row[key + "_se"] = math.sqrt(row[key] * (1 - row[key]) / len(eps))
+        row["errored" + ("_with_experience" if with_exp else "")] = sum(e.error is not None for e in eps)
+        row["mean_actions" + ("_with_experience" if with_exp else "")] = sum(e.actions for e in eps) / len(eps)
+    return row
+
+
+def plot_curve(out: Path, evals: list[dict[str, Any]], cfg: TrainConfig) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("success", "w/o experience"), ("with_experience", "with experience")):
+        pts = [(e["step"], e[key], e[key + "_se"]) for e in evals if key in e]
+        if pts:
+            xs, ys, se = zip(*pts, strict=True)
+            ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * s for s in se], marker="o", capsize=3, label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"held-out success % ({cfg.eval_episodes} seeds)")
+    ax.set_title(f"{cfg.mode} on {cfg.env}")
+    ax.set_ylim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path = out / "curve.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+
+
+# ---------------------------------------------------------------------------------------- the loop
+async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:
+    """Run ``cfg``; returns the held-out evaluations."""
+    import torch
+    from tqdm import tqdm
+
+    from crl_agent.rl import config_diff, load_checkpoint, save_checkpoint, split_group_advantages
+
+    cfg.check()
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / "checkpoint.pt"
+    if ckpt_path.exists() and not resume:
+        raise SystemExit(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
+    torch.manual_seed(cfg.seed)
+    llm, trained, learner, agent, extractor, ext_learner = build(cfg, out)
+    start, evals = 0, []
+    if resume and ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
+        resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
+        diff = config_diff({k: v for k, v in state["config"].items() if k not in RESUMABLE_CHANGES}, resumable)
+        if diff:
+            raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}); "
+                             "use the same options or another --out")
+        models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
+        learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
+        ck = load_checkpoint(ckpt_path, models=models, learners=learners)
+        start, evals = ck.step, ck.extra.get("evals", [])
+        llm.set_policy_version(learner.version)  # samples are stamped with the learner's version
+        if extractor is not None:
+            extractor.set_policy_version(ext_learner.version)
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    half = cfg.group_size // 2
+    try:
+        if not evals:
+            evals.append(await evaluate(cfg, agent, 0))
+            append_jsonl(out / "evals.jsonl", evals[-1])
+        bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}", disable=quiet)
+        began = time.perf_counter()
+        for step in bar:
+            last = step + 1 == cfg.steps or (cfg.time_budget_min > 0 and
+                                             time.perf_counter() - began > 60 * cfg.time_budget_min)
+            t0 = time.perf_counter()
+            # 1. rollout: `groups` seeds x K rollouts; crl: the first K/2 of each group without experience
+            manager = getattr(agent, "manager", None)
+            if manager is not None:
+                await manager.flush()
+            seeds = [cfg.seed * 100_003 + step * cfg.groups + g for g in range(cfg.groups)]
+            ctxs = [EpisodeContext(cfg.env, s, g, sample=k, with_experience=cfg.mode == "crl" and k >= half)
+                    for g, s in enumerate(seeds) for k in range(cfg.group_size)]
+            episodes = await play(cfg, agent, ctxs, explore=cfg.explore)
+            kept = [(c, e) for c, e in zip(ctxs, episodes, strict=True) if e.error is None]
+            # 2. advantages within each (seed, with/without experience) half
+            rewards = [float(e.success) for _, e in kept]
+            adv = split_group_advantages(rewards, [c.seed for c, _ in kept], [c.with_experience for c, _ in kept],
+                                         scale=cfg.adv_scale).tolist() if kept else []
+            # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
+            samples = turn_samples([e for _, e in kept], adv)
+            metrics = await asyncio.to_thread(learner.update, samples) if samples else {}
+            if metrics.get("updated"):
+                llm.bump_policy_version()  # == learner.version: the backend drops its stale prefix cache
+            row = {"step": step + 1, "time_s": 0.0, "episodes": len(episodes), "errored": len(episodes) - len(kept),
+                   "train_success": sum(rewards) / max(1, len(rewards)),
+                   **{f"actor/{k}": v for k, v in metrics.items()}}
+            if cfg.mode == "crl":
+                wo = [r for (c, _), r in zip(kept, rewards, strict=True) if not c.with_experience]
+                wi = [r for (c, _), r in zip(kept, rewards, strict=True) if c.with_experience]
+                row["train_success_without_experience"] = sum(wo) / max(1, len(wo))
+                row["train_success_with_experience"] = sum(wi) / max(1, len(wi))
+            # 4. extractor update (CISPO on meta-rewarded calls), bank writes flushed first
+            if manager is not None:
+                stats = manager.stats
+                row["extractor/distillations"] = stats.get("distillations", 0)
+                row["extractor/valid_ops"] = stats.get("ops_applied", stats.get("adds", 0))
+                row["extractor/malformed"] = stats.get("malformed", 0)
+                row["bank_entries"] = len(agent.bank)
+                if step + 1 >= cfg.extractor_warmup:
+                    await manager.flush()
+                    ext_samples, used = extractor_samples(manager, step + 1, cfg.cooldown, cfg.extractor_batch)
+                    if ext_samples:
+                        ext_metrics = await asyncio.to_thread(ext_learner.update, ext_samples)
+                        if ext_metrics.get("updated"):
+                            extractor.bump_policy_version()
+                        manager.mark_trained(used, step + 1)
+                        row.update({f"extractor/{k}": v for k, v in ext_metrics.items()})
+                        row["extractor/reward"] = sum(s.reward for s in used) / len(used)
+            row["time_s"] = time.perf_counter() - t0
+            append_jsonl(out / "metrics.jsonl", row)
+            bar.set_postfix(success=f"{row['train_success']:.2f}")
+            # 5. held-out evaluation and an atomic checkpoint
+            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
+                evals.append(await evaluate(cfg, agent, step + 1))
+                append_jsonl(out / "evals.jsonl", evals[-1])
+            models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
+            learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
+            save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
+                            learners=learners, extra={"evals": evals})
+            if last:
+                break
+        plot_curve(out, evals, cfg)
+    finally:
+        await agent.aclose()
+        if extractor is not None:
+            await extractor.aclose()
+    return evals
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m crl_agent.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="run folder (metrics, evals, checkpoint, bank, curve)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--quiet", action="store_true")
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}[str(f.type)]
+        p.add_argument(flag, type=kind, default=f.default, help=f"default: {f.default}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    try:
+        cfg.check()
+        evals = asyncio.run(train(cfg, args.out, resume=args.resume, quiet=args.quiet))
+    except ValueError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except KeyboardInterrupt:
+        print(f"\n{parser.prog}: interrupted; rerun with --resume to continue from the last checkpoint",
+              file=sys.stderr)
+        return 130
+    if not args.quiet:
+        for e in evals:
+            print(json.dumps(e))
+        print(f"results in {args.out} (metrics.jsonl, evals.jsonl, checkpoint.pt, curve.png)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+

@@ -1,0 +1,221 @@
+"""Turn run folders into the viewer's data: a slim summary, an episode index, step chunks, search text.
+
+Everything here is plain JSON-able data; :mod:`eval.view.site` writes it as ``<script>`` data files.
+Untrusted text (observations, actions, model replies) passes through unchanged: the page renders it as
+text, never as HTML. Numbers that JSON cannot hold (NaN, infinities) become ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.report import agent_label, load_run
+from eval.trajectories import load_trajectories
+
+# Step fields the page shows in their own columns; the rest of a step's info is listed under "info".
+_SHOWN_INFO = {"admissible_actions", "valid_action", "success", "progress", "task"}
+# Full-mode token arrays are not shipped to the page (they are large); their lengths are.
+_TOKEN_FIELDS = ("prompt_token_ids", "token_ids", "logprobs", "candidate_token_ids", "calls")
+
+
+def num(x: Any) -> float | int | None:
+    """A JSON-safe number: ``None`` for NaN, infinities and non-numbers (booleans count as 0/1)."""
+    if isinstance(x, bool):
+        return int(x)
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    return None
+
+
+def text(x: Any) -> str:
+    """Untrusted content as a string (a record from a foreign run may hold a number or null)."""
+    return x if isinstance(x, str) else "" if x is None else json.dumps(x, default=str)
+
+
+def jsonable(x: Any) -> Any:
+    """A deep copy of ``x`` that strict JSON can hold (non-finite floats become ``None``)."""
+    if isinstance(x, float):
+        return num(x)
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if x is None or isinstance(x, (str, int, bool)):
+        return x
+    return str(x)
+
+
+def slug(name: str) -> str:
+    """A file-name-safe id for a run (lowercase letters, digits, ``-``)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:60] or "run"
+
+
+def _turn(turn: Any) -> dict[str, Any] | None:
+    if not isinstance(turn, dict):
+        return None
+    out = {k: jsonable(v) for k, v in turn.items() if k not in _TOKEN_FIELDS}
+    for k in ("prompt_token_ids", "token_ids"):
+        if isinstance(turn.get(k), list):
+            out[f"n_{k}"] = len(turn[k])
+    return out
+
+
+def _step_row(step: dict[str, Any], adm_table: dict[str, int]) -> list[Any]:
+    """One step as a compact row (field order in ``STEP_FIELDS``), admissible lists interned per episode."""
+    adm = step.get("admissible_actions")
+    adm_idx = None
+    if isinstance(adm, list):
+        adm_idx = adm_table.setdefault(json.dumps([text(a) for a in adm]), len(adm_table))
+    info = step.get("info") if isinstance(step.get("info"), dict) else {}
+    return [
+        text(step.get("observation")), text(step.get("action")), num(step.get("reward")),
+        bool(step.get("valid_action", True)), num(step.get("progress")), bool(step.get("terminated")),
+        bool(step.get("truncated")), bool(step.get("success")), adm_idx,
+        jsonable({k: v for k, v in info.items() if k not in _SHOWN_INFO}) or None, _turn(step.get("turn")),
+    ]
+
+
+STEP_FIELDS = ["observation", "action", "reward", "valid", "progress", "terminated", "truncated", "success",
+               "adm", "info", "turn"]
+
+
+def episode_payload(traj: dict[str, Any]) -> dict[str, Any]:
+    """What the episode page needs of one trajectory record."""
+    adm_table: dict[str, int] = {}
+    steps = [_step_row(s, adm_table) for s in traj.get("steps") or [] if isinstance(s, dict)]
+    return {
+        "task": text(traj.get("task")),
+        "mode": text(traj.get("mode")),
+        "agent": text(traj.get("agent")),
+        "final": text(traj.get("final_observation")),
+        "adm": [json.loads(k) for k in adm_table],
+        "steps": steps,
+    }
+
+
+def search_text(traj: dict[str, Any] | None, record: dict[str, Any]) -> str:
+    """Every line a person might search for in one episode, lowercased and deduplicated.
+
+    Lines repeat heavily (a board's walls, the history in each prompt), so keeping each distinct line once
+    makes the index a fraction of the trajectories while still finding any text within a line.
+    """
+    parts: list[str] = [text(record.get("error"))]
+    if traj:
+        parts += [text(traj.get("task")), text(traj.get("final_observation"))]
+        for s in traj.get("steps") or []:
+            if not isinstance(s, dict):
+                continue
+            parts += [text(s.get("observation")), text(s.get("action"))]
+            turn = s.get("turn") if isinstance(s.get("turn"), dict) else {}
+            parts.append(text(turn.get("reply")))
+            for key, fields in (("messages", ("content",)), ("candidates", ("text",)),
+                                ("experience_shown", ("title", "content")), ("searches", ("question", "answer"))):
+                for item in turn.get(key) or []:
+                    if isinstance(item, dict):
+                        parts += [text(item.get(f)) for f in fields]
+    lines = dict.fromkeys(line.strip() for p in parts for line in p.lower().splitlines())
+    lines.pop("", None)
+    return "\n".join(lines)
+
+
+def action_list(traj: dict[str, Any] | None) -> list[str] | None:
+    if not traj:
+        return None
+    return [text(s.get("action")) for s in traj.get("steps") or [] if isinstance(s, dict)]
+
+
+def slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary fields the run page shows (agent and run config are kept whole: they are small)."""
+    keep = ("schema_version", "package_version", "git_sha", "created", "python", "agent", "run", "tasks", "macro",
+            "errors")
+    return jsonable({k: summary.get(k) for k in keep if k in summary})
+
+
+@dataclass
+class RunData:
+    """One run ready for the page: rows of the episode index plus per-episode payloads (by row)."""
+
+    id: str
+    label: str
+    folder: str
+    summary: dict[str, Any]
+    tasks: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    payloads: list[dict[str, Any] | None] = field(default_factory=list)
+    search: list[str] = field(default_factory=list)
+    actions: list[list[str] | None] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+# Columns of one episode-index row, in order.
+INDEX_FIELDS = ["task", "seed", "sample", "success", "progress", "reward", "actions", "invalid", "error",
+                "tokens_in", "tokens_out", "wall_time_s", "has_steps"]
+
+
+def _sample(r: dict[str, Any]) -> int:
+    s = r.get("sample", 0)
+    return s if isinstance(s, int) and not isinstance(s, bool) else 0
+
+
+def _seed(r: dict[str, Any]) -> int | str:
+    """The seed as a key part: an int, or the text of whatever a foreign record holds (a list is no key)."""
+    s = r.get("seed")
+    return s if isinstance(s, int) and not isinstance(s, bool) else text(s)
+
+
+def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunData:
+    """Read one run folder (``summary.json``, ``episodes.jsonl``, optional trajectories) for the page.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` has no ``summary.json``.
+        json.JSONDecodeError: the summary is not JSON.
+        ValueError: the summary has no ``tasks`` object.
+    """
+    summary, records = load_run(run_dir)
+    if not isinstance(summary, dict) or not isinstance(summary.get("tasks"), dict):
+        raise ValueError(f"{run_dir / 'summary.json'}: not a crl-bench summary (no 'tasks' object)")
+    trajs = {}
+    for t in load_trajectories(run_dir):
+        if isinstance(t, dict):
+            trajs[(text(t.get("env_id")), _seed(t), _sample(t))] = t
+    by_key: dict[tuple[str, int | str, int], dict[str, Any]] = {}
+    for r in records:
+        if isinstance(r, dict) and isinstance(r.get("env_id"), str):
+            by_key[(r["env_id"], _seed(r), _sample(r))] = r
+    # A trajectory whose summary line is missing (a kill between the two writes) still counts as an episode,
+    # if it is one the summary is about (load_run leaves out records of other seeds, and so does this).
+    run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
+    first, count = run.get("seed"), run.get("episodes")
+    for k, t in trajs.items():
+        in_run = k[0] in summary["tasks"] and (not isinstance(first, int) or not isinstance(count, int)
+                                                or (isinstance(k[1], int) and first <= k[1] < first + count))
+        if k not in by_key and in_run and isinstance(t.get("summary"), dict):
+            by_key[k] = {**t["summary"], "env_id": k[0], "seed": k[1], "sample": k[2]}
+    tasks = list(summary["tasks"]) + sorted({k[0] for k in by_key} - set(summary["tasks"]))
+    task_idx = {e: i for i, e in enumerate(tasks)}
+
+    def order(k: tuple[str, int | str, int]) -> tuple[int, float, str, int]:
+        return task_idx[k[0]], k[1] if isinstance(k[1], int) else math.inf, str(k[1]), k[2]
+
+    data = RunData(id=run_id, label=label or agent_label(summary), folder=str(run_dir),
+                   summary=slim_summary(summary), tasks=tasks)
+    for k in sorted(by_key, key=order):
+        r, traj = by_key[k], trajs.get(k)
+        data.rows.append([
+            task_idx[k[0]], jsonable(k[1]), k[2], bool(r.get("success")), num(r.get("progress")),
+            num(r.get("reward")), num(r.get("actions")), num(r.get("invalid_actions")),
+            (text(r.get("error")).strip().splitlines() or ["error"])[0] if r.get("error") else None,
+            num(r.get("tokens_in")), num(r.get("tokens_out")), num(r.get("wall_time_s")), traj is not None,
+        ])
+        data.payloads.append(episode_payload(traj) if traj else None)
+        data.search.append(search_text(traj, r))
+        data.actions.append(action_list(traj))
+    data.meta = {"trajectories": sum(p is not None for p in data.payloads)}
+    return data

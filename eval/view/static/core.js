@@ -1,0 +1,174 @@
+// crl-bench viewer: shared plumbing (data loading, routing, safe DOM building).
+// Security rule for every file of this app: untrusted text (observations, actions, model output, run
+// metadata) reaches the page only through text nodes (V.el children, textContent), never innerHTML.
+"use strict";
+(function () {
+  const V = (window.CRLVIEW = { store: Object.create(null), waiting: Object.create(null), pages: Object.create(null) });
+
+  // Data files call put(key, data); load(key, src) adds a <script> tag once and resolves when it has.
+  V.put = function (key, data) {
+    V.store[key] = data;
+    const w = V.waiting[key];
+    if (w) { delete V.waiting[key]; w.resolve(data); }
+  };
+  const pending = Object.create(null);
+  V.load = function (key, src) {
+    if (key in V.store) return Promise.resolve(V.store[key]);
+    if (pending[key]) return pending[key];
+    pending[key] = new Promise(function (resolve, reject) {
+      V.waiting[key] = { resolve: resolve };
+      const s = document.createElement("script");
+      s.src = src;
+      s.onerror = function () {
+        delete pending[key]; delete V.waiting[key];
+        reject(new Error("could not load " + src + " (was the site copied whole?)"));
+      };
+      document.head.appendChild(s);
+    });
+    return pending[key];
+  };
+
+  // el("div", {className: "x", href: "#/..."}, "text", child, ...): strings become text nodes.
+  V.el = function (tag, attrs) {
+    const e = document.createElement(tag);
+    if (attrs) {
+      for (const k of Object.keys(attrs)) {
+        const v = attrs[k];
+        if (v === undefined || v === null || v === false) continue;
+        if (k === "className") e.className = v;
+        else if (k === "href") e.setAttribute("href", V.safeHref(v));
+        else if (k === "title") e.title = String(v);
+        else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+        else if (k === "dataset") Object.assign(e.dataset, v);
+        else e.setAttribute(k, v === true ? "" : String(v));
+      }
+    }
+    for (let i = 2; i < arguments.length; i++) V.append(e, arguments[i]);
+    return e;
+  };
+  V.append = function (parent, c) {
+    if (c === null || c === undefined || c === false) return;
+    if (Array.isArray(c)) { for (const x of c) V.append(parent, x); return; }
+    parent.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+  };
+  // Only in-site hash links and http(s) links are ever made clickable.
+  V.safeHref = function (h) {
+    h = String(h);
+    return h.startsWith("#") || /^https?:\/\//i.test(h) ? h : "#/";
+  };
+
+  // Long strings (a 1 MB line) are shown cut, with a button for the rest, so layout stays fast.
+  V.SHOW_CHARS = 20000;
+  V.pre = function (text, className) {
+    text = text === null || text === undefined ? "" : String(text);
+    const p = V.el("pre", { className: className || "text" });
+    if (text.length <= V.SHOW_CHARS) { p.textContent = text; return p; }
+    p.textContent = text.slice(0, V.SHOW_CHARS);
+    const more = V.el("button", { type: "button", className: "more" },
+      "show all " + text.length.toLocaleString() + " characters");
+    more.addEventListener("click", function () { p.textContent = text; });
+    return V.el("div", null, p, more);
+  };
+
+  // Collapsed <details> whose body is built only when first opened (messages can be large).
+  V.lazyDetails = function (summary, build, className) {
+    const d = V.el("details", { className: className || "" }, V.el("summary", null, summary));
+    d.addEventListener("toggle", function () {
+      if (d.open && !d.dataset.built) { d.dataset.built = "1"; V.append(d, build()); }
+    });
+    return d;
+  };
+
+  V.pct = function (x) { return x === null || x === undefined || Number.isNaN(x) ? "n/a" : (100 * x).toFixed(1); };
+  V.fmt = function (x, digits) {
+    if (x === null || x === undefined || Number.isNaN(x)) return "–";
+    return typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(digits === undefined ? 2 : digits)) : String(x);
+  };
+  V.shortTask = function (envId) { return String(envId).replace(/^crl\//, "").replace(/-v\d+$/, ""); };
+
+  // Routes are "#/page?key=value&..."; every view restores itself from its hash alone.
+  V.route = function () {
+    const h = location.hash.replace(/^#\/?/, "");
+    const q = h.indexOf("?");
+    return { page: (q < 0 ? h : h.slice(0, q)) || "", params: new URLSearchParams(q < 0 ? "" : h.slice(q + 1)) };
+  };
+  V.link = function (page, params) {
+    const p = new URLSearchParams();
+    for (const k of Object.keys(params || {})) {
+      const v = params[k];
+      if (v !== undefined && v !== null && v !== "") p.set(k, String(v));
+    }
+    const qs = p.toString();
+    return "#/" + page + (qs ? "?" + qs : "");
+  };
+  // Change the hash without re-rendering (step moves, filters): keeps the permalink current.
+  V.replaceHash = function (hash) {
+    if (location.hash !== hash) history.replaceState(null, "", hash);
+  };
+
+  V.site = function () { return V.store.site; };
+  V.run = function (id) {
+    const r = V.site().runs.find(function (x) { return x.id === id; });
+    if (!r) throw new Error("no run " + JSON.stringify(String(id)) + " in this site");
+    return r;
+  };
+
+  // A run's episode index as objects, plus a lookup by task#seed#sample.
+  V.index = function (run) {
+    return V.load(run.id + "/index", "data/" + run.id + "/index.js").then(function (idx) {
+      if (idx.episodes) return idx;
+      const f = idx.fields;
+      idx.episodes = idx.rows.map(function (row, i) {
+        const ep = { i: i };
+        for (let j = 0; j < f.length; j++) ep[f[j]] = row[j];
+        ep.env = run.tasks[ep.task];
+        ep.outcome = ep.error ? "errored" : ep.success ? "success" : "failure";
+        return ep;
+      });
+      idx.byKey = new Map(idx.episodes.map(function (e) { return [e.env + "#" + e.seed + "#" + e.sample, e]; }));
+      return idx;
+    });
+  };
+  V.findEpisode = function (idx, env, seed, sample) {
+    return idx.byKey.get(env + "#" + seed + "#" + (sample === null || sample === undefined || sample === "" ? 0 : sample));
+  };
+  V.episodeData = function (run, ep) {
+    if (!ep.chunk) return Promise.resolve(null);
+    const key = run.id + "/traj-" + ep.chunk[0];
+    return V.load(key, "data/" + run.id + "/traj-" + ep.chunk[0] + ".js").then(function (c) { return c[ep.chunk[1]]; });
+  };
+  V.searchTexts = function (run) {
+    return Promise.all(run.search_starts.map(function (_, c) {
+      return V.load(run.id + "/search-" + c, "data/" + run.id + "/search-" + c + ".js");
+    })).then(function (parts) { return [].concat.apply([], parts); });
+  };
+  V.actions = function (run) {
+    return V.load(run.id + "/actions", "data/" + run.id + "/actions.js").then(function (a) {
+      if (!a.lists) a.lists = a.episodes.map(function (ids) { return ids && ids.map(function (k) { return a.vocab[k]; }); });
+      return a;
+    });
+  };
+  // A step row (array) as an object with the field names of site.step_fields.
+  V.step = function (row) {
+    const f = V.site().step_fields, s = {};
+    for (let j = 0; j < f.length; j++) s[f[j]] = row[j];
+    return s;
+  };
+  V.outcomeBadge = function (outcome) { return V.el("span", { className: "badge " + outcome }, outcome); };
+  // First step index where two action lists differ; -1 when identical.
+  V.firstDivergence = function (a, b) {
+    const n = Math.min(a.length, b.length);
+    for (let t = 0; t < n; t++) if (a[t] !== b[t]) return t;
+    return a.length === b.length ? -1 : n;
+  };
+
+  V.setCrumbs = function (items) {
+    const nav = document.getElementById("crumbs");
+    nav.textContent = "";
+    for (const it of items) {
+      V.append(nav, V.el("span", { className: "sep" }, "›"));
+      V.append(nav, it.href ? V.el("a", { href: it.href }, it.text) : V.el("span", null, it.text));
+    }
+  };
+  V.onKey = null; // the current page's key handler: function(event) -> handled
+})();

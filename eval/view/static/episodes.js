@@ -1,0 +1,145 @@
+// crl-bench viewer: the episode list (filters, sort, full-text search over every step; virtualised rows).
+"use strict";
+(function () {
+  const V = window.CRLVIEW;
+  const ROW = 28; // px; fixed so only the visible rows need to exist
+  const SORTS = {
+    "": function (a, b) { return a.i - b.i; },
+    actions: function (a, b) { return (a.actions || 0) - (b.actions || 0) || a.i - b.i; },
+    progress: function (a, b) { return (a.progress || 0) - (b.progress || 0) || a.i - b.i; },
+    reward: function (a, b) { return (a.reward || 0) - (b.reward || 0) || a.i - b.i; },
+    tokens: function (a, b) { return (a.tokens_out || 0) - (b.tokens_out || 0) || a.i - b.i; },
+  };
+
+  V.filterEpisodes = function (episodes, f, texts) {
+    const q = (f.q || "").trim().toLowerCase();
+    const min = f.min === "" || f.min === null || f.min === undefined ? -Infinity : Number(f.min);
+    const max = f.max === "" || f.max === null || f.max === undefined ? Infinity : Number(f.max);
+    let out = episodes.filter(function (e) {
+      return (!f.task || e.env === f.task) && (!f.outcome || e.outcome === f.outcome) &&
+        (e.actions || 0) >= min && (e.actions || 0) <= max && (!q || (texts && texts[e.i].includes(q)));
+    });
+    const cmp = SORTS[f.sort] || SORTS[""];
+    out = out.sort(cmp);
+    if (f.dir === "desc") out.reverse();
+    return out;
+  };
+
+  V.pages.episodes = function (params, root, current) {
+    const run = V.run(params.get("run"));
+    V.setCrumbs([{ text: run.label, href: V.link("run", { run: run.id }) }, { text: "Episodes" }]);
+    document.title = "Episodes · " + run.label;
+    const f = { task: params.get("task") || "", outcome: params.get("outcome") || "", min: params.get("min") || "",
+      max: params.get("max") || "", q: params.get("q") || "", sort: params.get("sort") || "", dir: params.get("dir") || "" };
+    const taskSel = V.el("select", { id: "f-task", "aria-label": "task" }, V.el("option", { value: "" }, "all tasks"),
+      run.tasks.map(function (t) { return V.el("option", { value: t }, t); }));
+    const outcomeSel = V.el("select", { id: "f-outcome", "aria-label": "outcome" }, [["", "any outcome"], ["success", "success"],
+      ["failure", "failure"], ["errored", "errored"]].map(function (o) { return V.el("option", { value: o[0] }, o[1]); }));
+    const minIn = V.el("input", { id: "f-min", type: "number", min: 0, placeholder: "min", "aria-label": "fewest actions" });
+    const maxIn = V.el("input", { id: "f-max", type: "number", min: 0, placeholder: "max", "aria-label": "most actions" });
+    const sortSel = V.el("select", { id: "f-sort", "aria-label": "sort" }, [["", "task, seed"], ["actions", "actions"],
+      ["progress", "progress"], ["reward", "reward"], ["tokens", "tokens out"]].map(function (o) { return V.el("option", { value: o[0] }, o[1]); }));
+    const dirSel = V.el("select", { id: "f-dir", "aria-label": "order" }, V.el("option", { value: "" }, "ascending"), V.el("option", { value: "desc" }, "descending"));
+    const search = V.el("input", { id: "f-search", type: "search", placeholder: "search every step (press /)", "aria-label": "search" });
+    taskSel.value = f.task; outcomeSel.value = f.outcome; minIn.value = f.min; maxIn.value = f.max; sortSel.value = f.sort;
+    dirSel.value = f.dir; search.value = f.q;
+    root.appendChild(V.el("h1", null, "Episodes of " + run.label));
+    root.appendChild(V.el("div", { className: "filters" }, taskSel, outcomeSel, V.el("label", null, "actions ", minIn, "–", maxIn),
+      V.el("label", null, "sort ", sortSel, dirSel), search));
+    const count = V.el("p", { id: "count", className: "note", "aria-live": "polite" }, "Loading…");
+    root.appendChild(count);
+    const head = V.el("div", { className: "vhead" }, ["task", "seed", "sample", "outcome", "progress", "reward", "actions", "invalid", "tokens out"]
+      .map(function (h) { return V.el("span", null, h); }));
+    const spacer = V.el("div", { className: "vspacer" });
+    const list = V.el("div", { id: "episode-list", className: "vlist", tabindex: "0" }, spacer);
+    root.appendChild(head);
+    root.appendChild(list);
+
+    let idx = null, shown = [], texts = null, cursor = 0, drawn = Object.create(null);
+
+    function href(e) {
+      return V.link("episode", { run: run.id, task: e.env, seed: e.seed, sample: e.sample, q: f.q.trim() });
+    }
+    function rowEl(e, pos) {
+      const a = V.el("a", { className: "vrow " + e.outcome + (pos === cursor ? " cursor" : ""), href: href(e), dataset: { pos: pos } },
+        V.el("span", { title: e.env }, V.shortTask(e.env)), V.el("span", null, e.seed), V.el("span", null, e.sample),
+        V.el("span", null, V.outcomeBadge(e.outcome)), V.el("span", null, V.fmt(e.progress)), V.el("span", null, V.fmt(e.reward)),
+        V.el("span", null, V.fmt(e.actions)), V.el("span", null, V.fmt(e.invalid)), V.el("span", null, V.fmt(e.tokens_out, 0)));
+      if (e.error) a.title = e.error;
+      a.style.transform = "translateY(" + pos * ROW + "px)";
+      return a;
+    }
+    // Draw only the rows in view (plus a margin); reuse the ones already there.
+    function paint() {
+      const first = Math.max(0, Math.floor(list.scrollTop / ROW) - 10);
+      const last = Math.min(shown.length, Math.ceil((list.scrollTop + list.clientHeight) / ROW) + 10);
+      const keep = Object.create(null);
+      for (let p = first; p < last; p++) {
+        keep[p] = drawn[p] || list.appendChild(rowEl(shown[p], p));
+      }
+      for (const p of Object.keys(drawn)) if (!keep[p]) drawn[p].remove();
+      drawn = keep;
+    }
+    function redraw() {
+      for (const p of Object.keys(drawn)) drawn[p].remove();
+      drawn = Object.create(null);
+      spacer.style.height = shown.length * ROW + "px";
+      paint();
+    }
+    let ticking = false;
+    list.addEventListener("scroll", function () {
+      if (!ticking) { ticking = true; requestAnimationFrame(function () { ticking = false; paint(); }); }
+    });
+
+    function apply() {
+      V.replaceHash(V.link("episodes", Object.assign({ run: run.id }, f)));
+      const needText = f.q.trim() !== "";
+      if (needText && !texts) {
+        count.textContent = "Loading the search index…";
+        return V.searchTexts(run).then(function (t) { texts = t; if (current()) apply(); },
+          function (e) { count.textContent = "Search is unavailable: " + e.message; });
+      }
+      shown = V.filterEpisodes(idx.episodes, f, texts);
+      V.lastList = { run: run.id, order: shown.map(function (e) { return e.i; }), q: f.q.trim() };
+      cursor = Math.min(cursor, Math.max(0, shown.length - 1));
+      count.textContent = shown.length + " of " + idx.episodes.length + " episodes" + (f.q.trim() ? " containing " + JSON.stringify(f.q.trim()) : "");
+      list.scrollTop = 0;
+      redraw();
+      return null;
+    }
+    let timer = 0;
+    function onInput(key, el, delay) {
+      el.addEventListener(delay ? "input" : "change", function () {
+        f[key] = el.value;
+        clearTimeout(timer);
+        timer = setTimeout(apply, delay || 0);
+      });
+    }
+    onInput("task", taskSel); onInput("outcome", outcomeSel); onInput("sort", sortSel); onInput("dir", dirSel);
+    onInput("min", minIn, 200); onInput("max", maxIn, 200); onInput("q", search, 250);
+    search.addEventListener("keydown", function (e) { if (e.key === "Enter") { clearTimeout(timer); f.q = search.value; apply(); } });
+
+    function moveCursor(d) {
+      if (!shown.length) return;
+      cursor = Math.max(0, Math.min(shown.length - 1, cursor + d));
+      if (cursor * ROW < list.scrollTop) list.scrollTop = cursor * ROW;
+      else if ((cursor + 1) * ROW > list.scrollTop + list.clientHeight) list.scrollTop = (cursor + 1) * ROW - list.clientHeight;
+      for (const p of Object.keys(drawn)) drawn[p].classList.toggle("cursor", Number(p) === cursor);
+      paint();
+    }
+    V.onKey = function (e) {
+      if (e.key === "/") { search.focus(); search.select(); return true; }
+      if (e.key === "j") { moveCursor(1); return true; }
+      if (e.key === "k") { moveCursor(-1); return true; }
+      if (e.key === "Enter" && shown[cursor]) { location.hash = href(shown[cursor]); return true; }
+      return false;
+    };
+    return V.index(run).then(function (i) {
+      if (!current()) return null;
+      idx = i;
+      const r = apply();
+      if (params.get("focus")) search.focus();
+      return r;
+    });
+  };
+})();

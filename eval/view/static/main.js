@@ -1,0 +1,88 @@
+// crl-bench viewer: the router, the help overlay and the global keys.
+"use strict";
+(function () {
+  const V = window.CRLVIEW;
+  const app = document.getElementById("app");
+  let renderId = 0;
+
+  function home() {
+    const site = V.site();
+    if (site.leaderboard) return "leaderboard";
+    return site.runs.length === 1 ? "run" : "runs";
+  }
+
+  V.pages.runs = function (params, root) {
+    const site = V.site();
+    V.setCrumbs([{ text: "Runs" }]);
+    document.title = site.title;
+    root.appendChild(V.el("h1", null, site.title));
+    const table = V.el("table", { className: "grid" },
+      V.el("thead", null, V.el("tr", null, ["run", "agent", "episodes", "with steps", "macro success %", "folder"]
+        .map(function (h) { return V.el("th", null, h); }))));
+    const body = V.el("tbody");
+    for (const r of site.runs) {
+      const m = r.summary.macro || {};
+      body.appendChild(V.el("tr", null,
+        V.el("td", null, V.el("a", { href: V.link("run", { run: r.id }) }, r.label)),
+        V.el("td", null, (r.summary.agent || {}).name || "?"), V.el("td", { className: "num" }, r.episodes),
+        V.el("td", { className: "num" }, r.trajectories),
+        V.el("td", { className: "num" }, V.pct(m.success) + " ± " + V.pct(m.success_se)),
+        V.el("td", { className: "path" }, r.folder)));
+    }
+    table.appendChild(body);
+    root.appendChild(table);
+    if (site.runs.length > 1) root.appendChild(V.el("p", null, V.el("a", { href: V.link("compare", {}) }, "Compare two runs side by side")));
+  };
+
+  function render() {
+    const id = ++renderId;
+    const r = V.route();
+    const page = r.page || home();
+    if (page === "run" && !r.params.get("run") && V.site().runs.length) r.params.set("run", V.site().runs[0].id);
+    const fn = V.pages[page];
+    V.onKey = null;
+    const root = V.el("div", { className: "page page-" + page });
+    app.textContent = "";
+    app.appendChild(root);
+    if (!fn) { root.appendChild(V.el("p", { className: "error" }, "Unknown page " + JSON.stringify(page) + ". ")); return; }
+    let result;
+    try { result = fn(r.params, root, function () { return id === renderId; }); }
+    catch (e) { showError(root, e); return; }
+    if (result && result.catch) result.catch(function (e) { if (id === renderId) showError(root, e); });
+  }
+  function showError(root, e) {
+    root.appendChild(V.el("p", { className: "error" }, String(e && e.message ? e.message : e)));
+  }
+
+  // Help overlay (?), closed with Escape or a click outside.
+  const help = V.el("div", { id: "help", className: "overlay", hidden: true },
+    V.el("div", { className: "dialog", role: "dialog", "aria-label": "Keyboard shortcuts" },
+      V.el("h2", null, "Keys"),
+      V.el("dl", null, [["j / k", "next / previous step"], ["J / K", "next / previous episode (in the list's order)"],
+        ["/", "search episodes"], ["?", "this help"], ["Esc", "close help, leave the search box"]]
+        .map(function (kv) { return [V.el("dt", null, V.el("kbd", null, kv[0])), V.el("dd", null, kv[1])]; }))));
+  document.body.appendChild(help);
+  help.addEventListener("click", function (e) { if (e.target === help) help.hidden = true; });
+  document.getElementById("help-button").addEventListener("click", function () { help.hidden = !help.hidden; });
+
+  document.addEventListener("keydown", function (e) {
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement && document.activeElement.tagName);
+    if (e.key === "Escape") {
+      if (!help.hidden) { help.hidden = true; e.preventDefault(); return; }
+      if (typing) { document.activeElement.blur(); return; }
+    }
+    if (typing) return;
+    if (e.key === "?") { help.hidden = !help.hidden; e.preventDefault(); return; }
+    if (V.onKey && V.onKey(e)) e.preventDefault();
+  });
+
+  if (!V.site()) {
+    app.textContent = "";
+    app.appendChild(V.el("p", { className: "error" }, "The site's data (data/site.js) did not load: open index.html inside the " +
+      "folder python -m eval.view wrote, with its assets/ and data/ folders beside it."));
+    return;
+  }
+  window.addEventListener("hashchange", render);
+  render();
+})();

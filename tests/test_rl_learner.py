@@ -1,0 +1,292 @@
+"""PolicyLearner: the loss of the whole batch, micro-batched; zero advantages skipped; OOM, NaN and staleness handled."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
+from crl_agent.rl import (  # noqa: E402
+    NonFiniteUpdate,
+    OutOfMemory,
+    PolicyLearner,
+    TurnSample,
+    action_logprob,
+    add_lora,
+    batch_sequence_logprobs,
+    candidate_logprobs,
+    clipped_pg_loss,
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+def ids(gen, n):
+    return torch.randint(3, 259, (n,), generator=gen).tolist()
+
+
+def make_samples(model, advantages=(1.0, -0.5, 0.0, 0.25, -1.0, 0.0), seed=0):
+    """Mixed score-mode and generate-mode samples whose old log-probs are the model's own."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i, adv in enumerate(advantages):
+        prompt = ids(gen, 5 + 3 * i)
+        if i % 2 == 0:
+            cands = [ids(gen, n) for n in (2, 3, 1)]
+            with torch.no_grad():
+                old = action_logprob(candidate_logprobs(model, prompt, cands), i % 3)
+            out.append(TurnSample(prompt, adv, [old.item()], candidate_ids=cands, chosen=i % 3))
+        else:
+            response = ids(gen, 2 + i)
+            with torch.no_grad():
+                old, _ = batch_sequence_logprobs(model, [prompt], [response])
+            out.append(TurnSample(prompt, adv, old[0].tolist(), response_ids=response))
+    return out
+
+
+def grads_at_step(learner):
+    """Record the (clipped) gradient the optimiser steps with."""
+    seen = []
+    step = learner.optimizer.step
+
+    def recording(*args, **kwargs):
+        seen.append([p.grad.clone() for p in learner.params])
+        return step(*args, **kwargs)
+
+    learner.optimizer.step = recording
+    return seen
+
+
+def full_batch_gradient(model, samples):
+    """The gradient of clipped_pg_loss over every sample in one [B, T] batch (zero advantages included)."""
+    rows = []
+    for s in samples:
+        if s.mode == "score":
+            rows.append(action_logprob(candidate_logprobs(model, s.prompt_ids, s.candidate_ids), s.chosen).reshape(1))
+        else:
+            lp, _ = batch_sequence_logprobs(model, [s.prompt_ids], [s.response_ids])
+            rows.append(lp[0])
+    width = max(len(r) for r in rows)
+    logp = torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+    old = torch.zeros_like(logp)
+    mask = torch.zeros_like(logp, dtype=torch.bool)
+    for i, s in enumerate(samples):
+        old[i, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs)
+        mask[i, : len(s.old_logprobs)] = True
+    adv = torch.tensor([s.advantage for s in samples])
+    model.zero_grad()
+    clipped_pg_loss(logp, old, adv, mask).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def assert_same_grads(a, b):
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("budget", [100000, 40, 1])
+def test_update_gradient_is_the_full_batch_gradient_whatever_the_micro_batches(model, budget):
+    samples = make_samples(model)
+    want = full_batch_gradient(copy.deepcopy(model), samples)
+    learner = PolicyLearner(model, lr=1e-3, token_budget=budget, max_grad_norm=None)
+    seen = grads_at_step(learner)
+    metrics = learner.update(samples)
+    assert_same_grads(seen[0], want)
+    assert metrics["samples"] == 6 and metrics["samples_used"] == 4 and metrics["zero_advantage"] == 2
+    assert metrics["updated"] == 1 and metrics["version"] == 1 and learner.version == 1
+    assert metrics["micro_batches"] >= (4 if budget == 1 else 1)
+    # nothing changed between sampling and the update: every ratio is 1
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and metrics["clip_fraction"] == 0.0
+
+
+def test_zero_advantage_samples_get_no_step(model):
+    before = [p.detach().clone() for p in model.parameters()]
+    learner = PolicyLearner(model, lr=1e-2)
+    metrics = learner.update(make_samples(model, advantages=(0.0, 0.0, 0.0)))
+    assert metrics["updated"] == 0 and metrics["samples_used"] == 0 and metrics["tokens"] == 0
+    assert learner.version == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_gradient_buffers_are_kept_and_zeroed_in_place(model):
+    learner = PolicyLearner(model, lr=1e-3)
+    samples = make_samples(model)
+    learner.update(samples)
+    buffers = [p.grad.data_ptr() for p in learner.params]
+    assert all(p.grad is not None and not p.grad.any() for p in learner.params)
+    learner.update(samples)
+    assert [p.grad.data_ptr() for p in learner.params] == buffers
+
+
+def test_out_of_memory_in_a_forward_splits_the_micro_batch(model, monkeypatch):
+    samples = make_samples(model)
+    want = full_batch_gradient(copy.deepcopy(model), samples)
+    learner = PolicyLearner(model, lr=1e-3, max_grad_norm=None)
+    forward = learner._forward
+
+    def small_only(batch):
+        if len(batch) > 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return forward(batch)
+
+    monkeypatch.setattr(learner, "_forward", small_only)
+    seen = grads_at_step(learner)
+    metrics = learner.update(samples)
+    assert metrics["oom_splits"] >= 1 and metrics["micro_batches"] == 4 and metrics["updated"] == 1
+    assert_same_grads(seen[0], want)
+
+
+def test_out_of_memory_in_a_backward_redoes_the_update_with_half_the_budget(model, monkeypatch):
+    samples = make_samples(model)
+    want = full_batch_gradient(copy.deepcopy(model), samples)
+    learner = PolicyLearner(model, lr=1e-3, max_grad_norm=None, token_budget=100000)
+    backward = learner._backward
+    calls = []
+
+    def fails_once(loss):
+        calls.append(1)
+        backward(loss)  # the gradient is now (partly) accumulated: the learner must clear it
+        if len(calls) == 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes")
+
+    monkeypatch.setattr(learner, "_backward", fails_once)
+    seen = grads_at_step(learner)
+    learner.update(samples)
+    assert learner.token_budget == 50000
+    assert_same_grads(seen[0], want)
+
+
+def test_a_sample_too_big_for_memory_alone_raises_a_clear_error(model, monkeypatch):
+    learner = PolicyLearner(model, lr=1e-3)
+
+    def never_fits(batch):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(learner, "_forward", never_fits)
+    with pytest.raises(OutOfMemory, match="does not fit in memory even alone"):
+        learner.update(make_samples(model))
+
+
+def test_other_runtime_errors_are_not_taken_for_out_of_memory(model, monkeypatch):
+    learner = PolicyLearner(model, lr=1e-3)
+    monkeypatch.setattr(learner, "_forward", lambda batch: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        learner.update(make_samples(model))
+
+
+def test_non_finite_updates_are_skipped_then_stop_the_run(model, monkeypatch):
+    samples = make_samples(model)
+    learner = PolicyLearner(model, lr=1e-3, max_nonfinite=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    forward = learner._forward
+    poisoned = {"on": True}
+
+    def maybe_nan(batch):
+        loss, stats, ent = forward(batch)
+        return (loss * float("nan") if poisoned["on"] else loss), stats, ent
+
+    monkeypatch.setattr(learner, "_forward", maybe_nan)
+    metrics = learner.update(samples)
+    assert metrics["updated"] == 0 and learner.version == 0 and learner.nonfinite_in_a_row == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(not p.grad.any() for p in learner.params if p.grad is not None)
+    poisoned["on"] = False
+    assert learner.update(samples)["updated"] == 1 and learner.nonfinite_in_a_row == 0
+    poisoned["on"] = True
+    samples = [TurnSample(**{**vars(s), "policy_version": 1}) for s in samples]
+    learner.update(samples)
+    with pytest.raises(NonFiniteUpdate, match="2 updates in a row"):
+        learner.update(samples)
+
+
+def test_a_non_finite_gradient_skips_the_update(model, monkeypatch):
+    learner = PolicyLearner(model, lr=1e-3)
+    backward = learner._backward
+
+    def inf_grad(loss):
+        backward(loss)
+        learner.params[0].grad[0, 0] = float("inf")
+
+    monkeypatch.setattr(learner, "_backward", inf_grad)
+    metrics = learner.update(make_samples(model))
+    assert metrics["updated"] == 0 and learner.nonfinite_in_a_row == 1
+
+
+def test_stale_samples_are_counted_and_dropped_on_request(model):
+    samples = make_samples(model)
+    keep = PolicyLearner(model, lr=1e-3)
+    keep.update(samples)  # version 1 now; the samples are from version 0
+    metrics = keep.update(samples)
+    assert metrics["stale"] == 6 and metrics["stale_dropped"] == 0 and metrics["samples_used"] == 4
+    drop = PolicyLearner(copy.deepcopy(model), lr=1e-3, on_stale="drop")
+    drop.version = 1
+    metrics = drop.update(samples)
+    assert metrics["stale"] == 6 and metrics["stale_dropped"] == 6 and metrics["updated"] == 0
+    with pytest.raises(ValueError, match="claims policy version 5"):
+        keep.update([TurnSample(**{**vars(samples[0]), "policy_version": 5})])
+
+
+def test_cispo_loss_type_updates(model):
+    learner = PolicyLearner(model, lr=1e-3, loss="cispo")
+    metrics = learner.update(make_samples(model))
+    assert metrics["updated"] == 1 and metrics["grad_norm"] > 0
+
+
+def test_lora_learner_trains_only_the_adapter(model):
+    pytest.importorskip("peft")
+    model = add_lora(model, r=4)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    learner = PolicyLearner(model, lr=1e-2)
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    assert learner.update(make_samples(model))["updated"] == 1
+    after = dict(model.named_parameters())
+    assert all(torch.equal(base[n], after[n]) for n in base)
+    assert any(not torch.equal(lora[n], after[n]) for n in lora)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"response_ids": None}, "exactly one"),
+        ({"candidate_ids": [[1]], "chosen": 0}, "exactly one"),
+        ({"old_logprobs": [0.0]}, "1 old_logprobs for 2"),
+        ({"advantage": float("nan")}, "advantage must be finite"),
+        ({"prompt_ids": []}, "non-empty prompt"),
+    ],
+)
+def test_turn_sample_refuses_inconsistent_fields(kwargs, message):
+    args = {"prompt_ids": [1, 2], "advantage": 1.0, "old_logprobs": [-1.0, -2.0], "response_ids": [3, 4], **kwargs}
+    with pytest.raises(ValueError, match=message):
+        TurnSample(**args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chosen": 2}, "chosen must index"),
+        ({"chosen": None}, "chosen must index"),
+        ({"candidate_ids": [[1], []]}, "each with at least one token"),
+        ({"old_logprobs": [-1.0, -1.0]}, "single log-prob"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"norm": "max"}, "norm"),
+    ],
+)
+def test_score_mode_sample_refuses_inconsistent_fields(kwargs, message):
+    args = {"prompt_ids": [1], "advantage": 1.0, "old_logprobs": [-0.7], "candidate_ids": [[2], [3, 4]], "chosen": 1}
+    with pytest.raises(ValueError, match=message):
+        TurnSample(**{**args, **kwargs})

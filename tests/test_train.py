@@ -1,0 +1,64 @@
+"""The trainer end to end (``python -m crl_agent.train``) on a one-step text bandit with the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import gymnasium as gym
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
+from crl_agent.train import TrainConfig, main, train  # noqa: E402
+
+DOORS = "test/Doors-v0"
+if DOORS not in gym.registry:
+    gym.register(DOORS, entry_point="tests.test_rl_bandit:DoorEnv", max_episode_steps=1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_grpo_training_takes_the_tiny_model_from_chance_to_solving_held_out_seeds(tiny, tmp_path):
+    cfg = TrainConfig(env=DOORS, mode="grpo", model=tiny, dtype="float32", steps=25, groups=2, group_size=8,
+                      lr=3e-3, lora_rank=0, score_norm="mean", eval_every=25, eval_episodes=48, seed=0)
+    evals = asyncio.run(train(cfg, tmp_path, quiet=True))
+    first, last = evals[0], evals[-1]
+    assert 0.05 <= first["success"] <= 0.5, first  # about chance: 1 door in 4
+    assert last["success"] >= 0.9, evals
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 25 and all(r["errored"] == 0 for r in rows)
+    assert any(r.get("actor/samples_used", 0) > 0 for r in rows)
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny, tmp_path):
+    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+            "--groups", "1", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "1", "--embedder", "hash",
+            "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4"]
+    assert main([*args, "--steps", "1"]) == 0
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["episodes"] == 4 and "train_success_with_experience" in row and "bank_entries" in row
+    evals = [json.loads(x) for x in (tmp_path / "evals.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 1] and "with_experience" in evals[-1]
+    assert (tmp_path / "checkpoint.pt").exists() and (tmp_path / "extractor_calls.jsonl").exists()
+    # resume continues from the checkpoint (a run may be extended); another config is refused, naming the field
+    with pytest.raises(SystemExit, match="exists"):
+        main([*args, "--steps", "2"])
+    assert main([*args, "--steps", "2", "--resume"]) == 0
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    with pytest.raises(SystemExit, match="lr"):
+        main([*args, "--steps", "3", "--resume", "--lr", "0.5"])
