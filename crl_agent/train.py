@@ -70,6 +70,7 @@ class TrainConfig:
     temperature: float = 1.0  # softmax temperature over the scored actions
     explore: float = 0.0  # training rollouts sample from (1-explore)*policy + explore*uniform
     score_norm: str = "sum"
+    history: int = 30  # past turns in the actor's prompt (compact: step, validity, action)
     lr: float = 3e-4  # AdamW, constant (LoRA; the official full fine-tune uses 1e-6)
     lora_rank: int = 16  # 0: train every weight
     clip_eps: float = 0.2
@@ -80,6 +81,8 @@ class TrainConfig:
     extractor_warmup: int = 5  # steps before the extractor trains
     cooldown: int = 1  # count-aware reweighting: entries trained within this many steps get weight 0
     embedder: str = "minilm"
+    distil_max_tokens: int = 512  # extractor reply cap per distillation (CPU runs: smaller is much faster)
+    distil_chars: int = 8000  # trajectory text budget in the distillation prompt
     eval_every: int = 5  # held-out evaluation every N steps (and at the start and end); 0: only at the end
     eval_episodes: int = 64
     eval_seed: int = 1_000_000  # held-out seeds are eval_seed, eval_seed+1, ...; training seeds start at 0
@@ -103,21 +106,25 @@ def build(cfg: TrainConfig, out: Path):
     """The actor's backend (LoRA-wrapped weights), its learner, and the agent that plays episodes."""
     from crl_agent.agents.crl import CRLAgent
     from crl_agent.agents.llm import LLMAgent
-    from crl_agent.llm import make_llm
+    from crl_agent.llm import SamplingParams, make_llm
     from crl_agent.rl import PolicyLearner, add_lora
 
     threads = {"num_threads": cfg.threads} if cfg.threads > 0 else {}
     llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)
     trained = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: inference shares it
     learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget)
-    opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed)
+    opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed,
+                history=cfg.history)
     extractor = extractor_learner = None
     if cfg.mode == "crl":
         extractor = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed + 1,
                              **threads)
         ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
         extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo", token_budget=cfg.token_budget)
-        agent = CRLAgent(llm=llm, extractor=extractor, run_dir=str(out), embedder=cfg.embedder, **opts)
+        manager_config = {"distil_params": SamplingParams(max_tokens=cfg.distil_max_tokens, temperature=0.7),
+                          "max_trajectory_chars": cfg.distil_chars}
+        agent = CRLAgent(llm=llm, extractor=extractor, run_dir=str(out), embedder=cfg.embedder,
+                         manager_config=manager_config, **opts)
     else:
         agent = LLMAgent(llm=llm, **opts)
     return llm, trained, learner, agent, extractor, extractor_learner
@@ -165,6 +172,16 @@ def turn_samples(episodes: list[Episode], advantages: list[float]):
                 norm=turn["score_norm"], policy_version=int(turn.get("policy_version", 0)),
             ))
     return samples
+
+
+async def update(llm, learner, samples) -> dict[str, float]:
+    """One learner update on the backend's own thread between batches (no generation runs meanwhile);
+    the backend's policy version then equals the learner's and its stale prefix cache is dropped."""
+    metrics: dict[str, float] = {}
+    if samples:
+        await llm.update_weights(lambda _model: metrics.update(learner.update(samples)))
+        llm.set_policy_version(learner.version)
+    return metrics
 
 
 def extractor_samples(manager, step: int, cooldown: int, batch: int):
@@ -286,9 +303,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                                          scale=cfg.adv_scale).tolist() if kept else []
             # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
             samples = turn_samples([e for _, e in kept], adv)
-            metrics = await asyncio.to_thread(learner.update, samples) if samples else {}
-            if metrics.get("updated"):
-                llm.bump_policy_version()  # == learner.version: the backend drops its stale prefix cache
+            metrics = await update(llm, learner, samples)
             row = {"step": step + 1, "time_s": 0.0, "episodes": len(episodes), "errored": len(episodes) - len(kept),
                    "train_success": sum(rewards) / max(1, len(rewards)),
                    **{f"actor/{k}": v for k, v in metrics.items()}}
@@ -308,9 +323,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                     await manager.flush()
                     ext_samples, used = extractor_samples(manager, step + 1, cfg.cooldown, cfg.extractor_batch)
                     if ext_samples:
-                        ext_metrics = await asyncio.to_thread(ext_learner.update, ext_samples)
-                        if ext_metrics.get("updated"):
-                            extractor.bump_policy_version()
+                        ext_metrics = await update(extractor, ext_learner, ext_samples)
                         manager.mark_trained(used, step + 1)
                         row.update({f"extractor/{k}": v for k, v in ext_metrics.items()})
                         row["extractor/reward"] = sum(s.reward for s in used) / len(used)

@@ -272,3 +272,18 @@ def test_packaged_smollm2_answers_a_question(tmp_path_factory, monkeypatch):
                    SamplingParams(max_tokens=24, temperature=0)))
     assert "Paris" in c.text
     assert len(c.logprobs) == len(c.token_ids)
+
+
+@pytest.mark.gpu
+def test_vllm_scores_candidates_on_gpu(tiny_dir):
+    from crl_agent.llm.vllm_backend import vllm_available
+
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(f"vllm backend unavailable: {why}")
+    m = make_llm("vllm", str(tiny_dir), gpu_memory_utilization=0.2, enforce_eager=True, enable_prefix_caching=True)
+    ref = TransformersLLM(tiny_dir, dtype="float32")
+    moves = ["north", "northeast", "south", "north"]
+    got, want = run(m.score_full(CHAT, moves)), run(ref.score_full(CHAT, moves))
+    assert got.candidate_token_ids == want.candidate_token_ids
+    assert got.logprobs == pytest.approx(want.logprobs, abs=0.05)

@@ -345,3 +345,14 @@ def test_smollm2_bf16_scores_stay_within_the_documented_tolerance_of_fp32():
     for x, y, n in zip(a.logprobs, b.logprobs, a.token_counts, strict=True):
         assert abs(x - y) <= BF16_TOLERANCE_PER_TOKEN * n
     assert total_variation(a.logprobs, b.logprobs) <= BF16_POLICY_TV
+
+
+def test_prefix_cache_evicts_the_branch_a_conversation_left_before_other_conversations():
+    one = 2 * 4 * 2 * 4 * 4  # bytes of a 4-token entry
+    c = PrefixCache(3 * one)
+    c.put([1, 2, 3, 4], _kv(4), 0)  # conversation A, turn 1 (full last observation)
+    c.put([9, 9, 9, 9], _kv(4), 0)  # conversation B
+    c.put([1, 2, 3, 5], _kv(4), 0)  # A, turn 2: rewrote its last turn, so it branches from turn 1
+    c.put([7, 7, 7, 7], _kv(4), 0)  # over budget: A's abandoned branch goes, not B
+    assert c.match([9, 9, 9, 9, 1])[0] == 4
+    assert c.match([1, 2, 3, 4, 1])[0] == 3  # only the shared head, from A's live entry

@@ -157,3 +157,22 @@ def test_a_model_whose_logits_are_not_its_output_layer_is_refused(model_dir):
     model.config.final_logit_softcapping = 0.01
     with pytest.raises(TypeError, match="not supported|does not support"):
         sequence_logprobs(model, [1, 2, 3], [4])
+
+
+def test_the_backends_scores_are_what_the_learner_recomputes(model_dir):
+    """``LLM.score_full``'s ids, replayed here, give its log-probs: the first PPO ratios are 1."""
+    import asyncio
+
+    from crl_agent.llm.transformers_backend import TransformersLLM
+
+    async def score():
+        llm = TransformersLLM(model_dir, dtype="float32", seed=0)
+        try:
+            messages = [{"role": "user", "content": "Which door leads out? Actions: red, green, blue"}]
+            return llm.model, await llm.score_full(messages, ["red", "green", "blue", "go <|im_end|> now"])
+        finally:
+            await llm.aclose()
+
+    model, result = asyncio.run(score())
+    ours = candidate_logprobs(model, result.prompt_token_ids, result.candidate_token_ids)
+    torch.testing.assert_close(ours, torch.tensor(result.logprobs), atol=1e-4, rtol=0)

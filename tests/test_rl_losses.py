@@ -196,3 +196,17 @@ def test_action_logprob_is_a_tempered_log_softmax():
         action_logprob(scores, 3)
     with pytest.raises(ValueError, match="temperature"):
         action_logprob(scores, 0, temperature=0.0)
+
+
+def test_the_call_log_folds_rewards_and_weights_with_the_same_rules():
+    from crl_agent.experience.calllog import fold_samples
+
+    records = [
+        {"type": "call", "call_id": "c1", "kind": "distil", "messages": [], "entries": []},
+        {"type": "call", "call_id": "c2", "kind": "distil", "messages": [], "entries": []},
+        {"type": "outcome", "episode": "e1", "outcome": 1, "call_ids": ["c1"]},
+        {"type": "outcome", "episode": "e2", "outcome": 0, "call_ids": ["c1"]},
+        {"type": "outcome", "episode": "e3", "outcome": 0, "call_ids": ["c1"]},
+    ]
+    got = {s.call_id: s.reward for s in fold_samples(records)}
+    assert got == {"c1": pytest.approx(extractor_rewards([[1, 0, 0]]).item()), "c2": None}

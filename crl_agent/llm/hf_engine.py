@@ -11,7 +11,7 @@ Layout of row ``b`` (one request) in that forward::
     keys/values: [ cached prefix (n_b) | padding to the longest prefix | new tokens | padding ]
     new tokens:  [ prompt suffix | candidate 1 | candidate 2 | ... ]
 
-A 4D boolean attention mask lets the suffix attend causally to the prefix and to itself, and each
+A 4D attention mask lets the suffix attend causally to the prefix and to itself, and each
 candidate to the prefix, the suffix and its own earlier tokens only, never to another candidate;
 position ids restart at the prompt's length for every candidate. So each candidate is computed as
 if it were alone after the prompt, but the prompt is computed once and all candidates share one
@@ -116,7 +116,6 @@ class ForwardEngine:
         self.base = model.base_model
         self.head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        self.bool_mask = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
         # Slicing keys/values by position is exact only for full-attention layers.
         probe = transformers.DynamicCache(config=model.config)
         self.cacheable = bool(probe.layers) and all(type(x) is transformers.cache_utils.DynamicLayer
@@ -214,7 +213,7 @@ class ForwardEngine:
         return results
 
     def _mask(self, seg, cached, past: int):
-        """[rows, 1, width, past + width] attention mask (bool for sdpa, additive float otherwise)."""
+        """[rows, 1, width, past + width] additive attention mask (0 where a query may look, dtype min elsewhere)."""
         torch = self.torch
         n_rows, width = seg.shape
         idx = torch.arange(width)
@@ -224,8 +223,8 @@ class ForwardEngine:
         new |= torch.eye(width, dtype=torch.bool)[None] & (sq < 0)  # padding sees itself: no empty softmax row
         old = (torch.arange(past)[None, None, :] < cached[:, None, None]) & (sq >= 0)
         mask = torch.cat([old, new], dim=2)[:, None]
-        if self.bool_mask:
-            return mask
+        # additive, in the model's dtype: CPU sdpa runs about 20% faster with it than with a bool mask,
+        # and eager attention needs it anyway
         dtype = self.model.dtype
         return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
 

@@ -9,8 +9,10 @@ leading slice of an entry is exact for any prompt that shares it.
 
 Entries are ``(token ids, per-layer key/value tensors)``. An entry whose ids are a prefix of a new
 entry's ids is dropped when the new one is stored (the new one answers every lookup the old one
-did), so a conversation holds one entry however many turns it has. When the stored bytes exceed
-``max_bytes`` the least recently used entries are evicted; an entry bigger than the whole budget
+did), so a conversation holds one entry however many turns it has. An entry that a new one branched
+from (an agent that rewrites its last turn compactly each step leaves one such branch per turn) moves
+to the front of the eviction order. When the stored bytes exceed ``max_bytes`` the least recently
+used entries are evicted; an entry bigger than the whole budget
 is never stored. :meth:`PrefixCache.clear` drops everything and bumps the cache's version; an entry
 computed under an older version (a batch that was running when the weights changed) is refused.
 """
@@ -129,6 +131,11 @@ class PrefixCache:
             for old_key in [k for k, e in self._entries.items()
                             if len(e.ids) <= len(arr) and np.array_equal(e.ids, arr[: len(e.ids)])]:
                 self._bytes -= self._entries.pop(old_key).nbytes  # superseded: the new entry extends it
+            parent = self._closest(arr)
+            if parent is not None:
+                # the entry this one branched from (a prompt that rewrote its last turn) is the likeliest
+                # never to be asked for again: evict it before other conversations' entries
+                self._entries.move_to_end(parent.key, last=False)
             self._entries[key] = _Entry(arr, kv, nbytes, key)
             self._bytes += nbytes
             self.stats.stored += 1
@@ -137,6 +144,17 @@ class PrefixCache:
                 self._bytes -= evicted.nbytes
                 self.stats.evicted += 1
             return True
+
+    def _closest(self, arr: np.ndarray) -> _Entry | None:
+        """The entry sharing the longest (non-empty) prefix with ``arr``."""
+        best, best_len = None, 0
+        for entry in self._entries.values():
+            n = min(len(entry.ids), len(arr))
+            same = entry.ids[:n] == arr[:n]
+            k = n if same.all() else int(same.argmin())
+            if k > best_len:
+                best, best_len = entry, k
+        return best
 
     def clear(self) -> int:
         """Drop every entry and bump the version (after a weight update); returns the new version."""

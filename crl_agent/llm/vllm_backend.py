@@ -8,6 +8,11 @@ long-running shared server, run ``vllm serve`` and use the ``openai`` backend in
 
 Log-probs come from vLLM's ``logprobs=0`` (the sampled token's log-prob; vLLM reports the raw
 model distribution by default), aligned with the returned token ids.
+
+Scoring (:meth:`VLLMLLM.score_full`) sends ``prompt + candidate + end-of-turn`` per candidate with
+``prompt_logprobs=0`` and ``max_tokens=1`` in the same batched ``generate`` call and sums the
+candidate positions' prompt log-probs; pass ``enable_prefix_caching=True`` so the shared prompt is
+computed once. (Written against vLLM's documented API; tested only where a GPU is present.)
 """
 
 from __future__ import annotations
@@ -15,8 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from crl_agent.llm.base import LLM, Completion, LLMError, Message, SamplingParams, check_sampling_params
+from crl_agent.llm.base import (
+    LLM,
+    Completion,
+    LLMError,
+    Message,
+    SamplingParams,
+    ScoreResult,
+    check_candidates,
+    check_sampling_params,
+)
 from crl_agent.llm.batching import RequestBatcher
+from crl_agent.llm.chat_tokens import candidate_token_ids, find_end_of_turn, render_chat_ids
 from crl_agent.llm.transformers_backend import validate_messages
 
 _INSTALL_HINT = 'pip install "crl-bench[gpu]" (vLLM needs a CUDA GPU and pins its own torch)'
@@ -41,6 +56,12 @@ def vllm_available() -> tuple[bool, str]:
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
+
+
+@dataclass
+class _ScoreRequest:
+    prompt_ids: list[int]
+    candidates: list[list[int]]
 
 
 class VLLMLLM(LLM):
@@ -78,7 +99,8 @@ class VLLMLLM(LLM):
         self.engine_kwargs = dict(engine_kwargs)
         self.engine = vllm.LLM(model=self.model_name, seed=seed, **engine_kwargs)
         self.tokenizer = self.engine.get_tokenizer()
-        self._batcher: RequestBatcher[_Request, Completion] = RequestBatcher(
+        self.end_of_turn_ids = find_end_of_turn(self.tokenizer, set())
+        self._batcher: RequestBatcher[_Request | _ScoreRequest, Any] = RequestBatcher(
             self._generate_batch, max_batch_size=max_batch_size, max_wait_s=batch_wait_ms / 1000, thread_name="vllm"
         )
 
@@ -89,13 +111,62 @@ class VLLMLLM(LLM):
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return await self._batcher.submit(_Request(ids, params))
 
+    async def score_full(self, messages: list[Message], candidates: list[str]) -> ScoreResult:
+        messages = validate_messages(messages)
+        cands = check_candidates(candidates)
+        prompt = render_chat_ids(self.tokenizer, messages)
+        unique = list(dict.fromkeys(cands))
+        ids = {c: candidate_token_ids(self.tokenizer, c, self.end_of_turn_ids) for c in unique}
+        version = self.policy_version
+        lps = await self._batcher.submit(_ScoreRequest(prompt, [ids[c] for c in unique]))
+        by_cand = dict(zip(unique, lps, strict=True))
+        return ScoreResult(
+            logprobs=[float(sum(by_cand[c])) for c in cands],
+            token_counts=[len(ids[c]) for c in cands],
+            prompt_token_ids=prompt,
+            candidate_token_ids=[list(ids[c]) for c in cands],
+            token_logprobs=[list(by_cand[c]) for c in cands],
+            model=self.model_name,
+            policy_version=version,
+        )
+
+    def _weights_changed(self) -> None:
+        reset = getattr(self.engine, "reset_prefix_cache", None)
+        if callable(reset):
+            reset()
+
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _generate_batch(self, reqs: list[_Request]) -> list[Completion]:
+    def _generate_batch(self, reqs: list[_Request | _ScoreRequest]) -> list[Any]:
         vllm = self._vllm
-        prompts = [{"prompt_token_ids": r.prompt_ids} for r in reqs]
-        sampling = [
+        prompts, sampling, owner = [], [], []
+        for i, r in enumerate(reqs):
+            if isinstance(r, _ScoreRequest):
+                for cand in r.candidates:
+                    prompts.append({"prompt_token_ids": r.prompt_ids + cand})
+                    sampling.append(vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
+                    owner.append(i)
+        gen_reqs = [r for r in reqs if isinstance(r, _Request)]
+        outputs = self.engine.generate(
+            prompts + [{"prompt_token_ids": r.prompt_ids} for r in gen_reqs],
+            sampling + self._sampling(gen_reqs), use_tqdm=False,
+        ) if prompts or gen_reqs else []
+        scored: dict[int, list[list[float]]] = {}
+        for i, out, prompt in zip(owner, outputs[: len(prompts)], prompts, strict=True):
+            r = reqs[i]
+            ids = prompt["prompt_token_ids"]
+            per_pos = out.prompt_logprobs or []
+            start = len(r.prompt_ids)
+            scored.setdefault(i, []).append(
+                [float(per_pos[j][ids[j]].logprob) for j in range(start, len(ids))]
+            )
+        completions = iter(self._completions(gen_reqs, outputs[len(prompts):]))
+        return [scored[i] if isinstance(r, _ScoreRequest) else next(completions) for i, r in enumerate(reqs)]
+
+    def _sampling(self, reqs: list[_Request]) -> list[Any]:
+        vllm = self._vllm
+        return [
             vllm.SamplingParams(
                 max_tokens=r.params.max_tokens,
                 temperature=r.params.temperature,
@@ -106,7 +177,8 @@ class VLLMLLM(LLM):
             )
             for r in reqs
         ]
-        outputs = self.engine.generate(prompts, sampling, use_tqdm=False)
+
+    def _completions(self, reqs: list[_Request], outputs: list[Any]) -> list[Completion]:
         results = []
         for r, out in zip(reqs, outputs, strict=True):
             o = out.outputs[0]
@@ -121,6 +193,7 @@ class VLLMLLM(LLM):
                     prompt_tokens=len(r.prompt_ids),
                     finish_reason="length" if o.finish_reason == "length" else "stop",
                     model=self.model_name,
+                    policy_version=self.policy_version,
                 )
             )
         return results

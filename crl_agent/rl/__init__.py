@@ -8,7 +8,8 @@ The pieces a trainer (``python -m crl_agent.train``) imports, each a small modul
 - :mod:`~crl_agent.rl.losses`: ``clipped_pg_loss`` (PPO-clip), ``cispo_loss`` (CISPO), ``aggregate``.
 - :mod:`~crl_agent.rl.logprobs`: ``sequence_logprobs``, ``candidate_logprobs``, ``action_logprob``
   (differentiable, chunked so no full-vocabulary logits are ever kept).
-- :mod:`~crl_agent.rl.learner`: ``TurnSample`` and ``PolicyLearner`` (one AdamW update per call).
+- :mod:`~crl_agent.rl.samples`: ``TurnSample`` (one actor turn as sampled, score or generate mode);
+  :mod:`~crl_agent.rl.learner`: ``PolicyLearner`` (one AdamW update per call).
 - :mod:`~crl_agent.rl.lora`: ``add_lora``; :mod:`~crl_agent.rl.checkpoint`: atomic checkpoints and
   ``config_diff``.
 
@@ -38,7 +39,7 @@ _EXPORTS = {
     "batch_candidate_logprobs": "logprobs",
     "action_logprob": "logprobs",
     "token_logprobs": "logprobs",
-    "TurnSample": "learner",
+    "TurnSample": "samples",
     "PolicyLearner": "learner",
     "NonFiniteUpdate": "learner",
     "OutOfMemory": "learner",

@@ -1,10 +1,6 @@
 """The policy learner: one optimiser update of a causal LM from a list of turn samples.
 
-A :class:`TurnSample` is one actor turn as it was sampled (its exact prompt token ids, never
-re-tokenised; DESIGN section 7 and 9): either a *score-mode* decision (the candidate actions' token
-ids, the index chosen and the temperature of ``softmax(scores / temperature)``) or a
-*generate-mode* response (its token ids), with the log-probs recorded at sampling time, the
-advantage of its episode and the version of the policy that sampled it.
+Each sample is a :class:`crl_agent.rl.samples.TurnSample`: one actor turn as it was sampled.
 
 :meth:`PolicyLearner.update` recomputes the log-probs with gradient (:mod:`crl_agent.rl.logprobs`),
 applies ``clipped_pg_loss`` (``loss="ppo"``, the actor's) or ``cispo_loss`` (``loss="cispo"``, the
@@ -43,6 +39,7 @@ import torch
 
 from crl_agent.rl.logprobs import NORMS, action_logprob, batch_candidate_logprobs, batch_sequence_logprobs
 from crl_agent.rl.losses import AGGREGATIONS, cispo_loss, clipped_pg_loss, ratio_stats
+from crl_agent.rl.samples import TurnSample
 
 log = logging.getLogger(__name__)
 
@@ -56,86 +53,6 @@ class NonFiniteUpdate(RuntimeError):
 
 class OutOfMemory(RuntimeError):
     """A single sample does not fit in memory, even alone."""
-
-
-@dataclass
-class TurnSample:
-    """One actor turn, as sampled, ready to be replayed with gradient.
-
-    Exactly one of ``candidate_ids`` (score mode) and ``response_ids`` (generate mode) is set.
-
-    Attributes:
-        prompt_ids: the exact prompt token ids the policy saw (chat template applied; non-empty).
-        advantage: the episode's advantage (e.g. from :func:`crl_agent.rl.split_group_advantages`).
-        old_logprobs: log-probs under the sampling policy: one per response token in generate mode;
-            a single value, the chosen action's ``log_softmax(scores / temperature)[chosen]``, in
-            score mode.
-        candidate_ids: score mode: each candidate action's token ids (its own tokens plus the
-            end-of-turn token, as ``LLM.score_full`` returns them).
-        chosen: score mode: index of the action taken.
-        temperature: score mode: the softmax temperature the action was sampled with.
-        norm: score mode: ``"sum"`` or ``"mean"`` of a candidate's token log-probs as its score.
-        response_ids: generate mode: the generated token ids as sampled.
-        policy_version: the learner version (updates applied) of the weights that sampled it.
-    """
-
-    prompt_ids: list[int]
-    advantage: float
-    old_logprobs: list[float]
-    candidate_ids: list[list[int]] | None = None
-    chosen: int | None = None
-    temperature: float = 1.0
-    norm: str = "sum"
-    response_ids: list[int] | None = None
-    policy_version: int = 0
-
-    def __post_init__(self) -> None:
-        self.prompt_ids = [int(t) for t in self.prompt_ids]
-        self.old_logprobs = [float(x) for x in self.old_logprobs]
-        if not self.prompt_ids:
-            raise ValueError("a sample needs a non-empty prompt")
-        if not math.isfinite(float(self.advantage)):
-            raise ValueError(f"advantage must be finite, got {self.advantage}")
-        if not all(math.isfinite(x) for x in self.old_logprobs):
-            raise ValueError("old_logprobs must be finite")
-        if (self.candidate_ids is None) == (self.response_ids is None):
-            raise ValueError("set exactly one of candidate_ids (score mode) and response_ids (generate mode)")
-        if self.candidate_ids is not None:
-            self.candidate_ids = [[int(t) for t in c] for c in self.candidate_ids]
-            if not self.candidate_ids or any(not c for c in self.candidate_ids):
-                raise ValueError("score mode needs at least one candidate, each with at least one token")
-            if self.chosen is None or isinstance(self.chosen, bool) or not 0 <= int(self.chosen) < len(self.candidate_ids):
-                raise ValueError(f"chosen must index one of the {len(self.candidate_ids)} candidates, got {self.chosen!r}")
-            self.chosen = int(self.chosen)
-            if len(self.old_logprobs) != 1:
-                raise ValueError("score mode: old_logprobs holds the chosen action's single log-prob")
-            if not self.temperature > 0:
-                raise ValueError(f"temperature must be > 0, got {self.temperature}")
-            if self.norm not in NORMS:
-                raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
-        else:
-            self.response_ids = [int(t) for t in self.response_ids]
-            if len(self.old_logprobs) != len(self.response_ids):
-                raise ValueError(
-                    f"{len(self.old_logprobs)} old_logprobs for {len(self.response_ids)} response tokens"
-                )
-
-    @property
-    def mode(self) -> str:
-        """``"score"`` or ``"generate"``."""
-        return "score" if self.candidate_ids is not None else "generate"
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens a forward pass over this sample processes (the micro-batch budget's unit)."""
-        if self.candidate_ids is not None:
-            return len(self.prompt_ids) + sum(len(c) for c in self.candidate_ids)
-        return len(self.prompt_ids) + len(self.response_ids or ())
-
-    @property
-    def num_loss_tokens(self) -> int:
-        """Entries of this sample's row in the ``[B, T]`` loss (1 for a score-mode decision)."""
-        return len(self.old_logprobs)
 
 
 def _is_oom(e: BaseException) -> bool:

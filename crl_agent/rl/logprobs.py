@@ -88,8 +88,13 @@ def _verify(model: torch.nn.Module, parts: _Head) -> None:
     """Refuse a model whose own logits differ from decoder + output layer (scaled or extra heads)."""
     device = parts.head.weight.device
     probe = torch.tensor([[1 % parts.vocab, 2 % parts.vocab, 3 % parts.vocab]], device=device)
-    theirs = model(input_ids=probe, use_cache=False).logits[0, -1].float()
-    hidden = parts.decoder(input_ids=probe, use_cache=False).last_hidden_state[0, -1]
+    was_training = model.training
+    model.eval()  # dropout would make the two forwards differ
+    try:
+        theirs = model(input_ids=probe, use_cache=False).logits[0, -1].float()
+        hidden = parts.decoder(input_ids=probe, use_cache=False).last_hidden_state[0, -1]
+    finally:
+        model.train(was_training)
     ours = _logits(parts, hidden)
     if theirs.shape != ours.shape or not torch.allclose(ours, theirs, rtol=1e-2, atol=1e-2 * (1 + theirs.abs().max())):
         raise TypeError(
