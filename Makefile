@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 setup: $(VENV)/.installed
 
 run: setup
-	$(VENV)/bin/python -m eval.run --agent crl --tasks 6 --episodes 1 --max-steps 5
+	$(VENV)/bin/python -m eval.run --agent crl --tasks 6 --episodes 1 --max-steps 30
 
 test: setup
 	$(VENV)/bin/python -m pytest -n 2 -m "not slow"

@@ -37,7 +37,7 @@ SETTINGS = {
     "history": 4,
     "distil-max-tokens": 128,
     "distil-chars": 2000,
-    "eval-every": 5,
+    "eval-every": 10,
     "eval-episodes": 64,
     "steps": 1000,
 }

@@ -20,7 +20,7 @@ the episode terminated is an invalid move that asks for ``reset()``; a step befo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -51,9 +51,10 @@ class InvalidAction(Exception):
 
 @dataclass
 class StepOutcome:
-    """What ``TextEnv._apply`` returns for a valid action."""
+    """What ``TextEnv._apply`` returns for a valid action; every field after ``obs`` is keyword-only."""
 
     obs: str
+    _: KW_ONLY
     reward: float = 0.0
     terminated: bool = False
     success: bool = False

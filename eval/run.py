@@ -323,8 +323,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.quiet:
         report.print_table(summary)
         report.print_errors(summary)
-        print(f"results in {out} (episodes.jsonl, summary.json, results.md{''.join(', ' + p.name for p in plots)})")
+        print(f"results in {out} (episodes.jsonl, trajectories.jsonl.gz, summary.json, results.md"
+              f"{''.join(', ' + p.name for p in plots)})")
+        print(next_steps(args, out))
     return summary
+
+
+def next_steps(args: argparse.Namespace, out: Path) -> str:
+    """What to do after a run: look at it, and (for the embedded model) where real numbers come from."""
+    lines = ["next:", f"  python -m eval.view {out} --out {out}/site   # then open {out}/site/index.html in a browser"]
+    if args.agent in ("llm", "crl") and args.model is None:
+        lines.append("  the embedded 135M model is a pipeline check; for real numbers serve a larger model and add "
+                     "--backend openai --model NAME --agent-arg base_url=http://HOST:PORT/v1")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -93,13 +94,23 @@ def test_a_bank_written_by_one_run_is_read_by_the_next(tmp_path):
         assert new.id == max(i for i, _ in expected) + 1 or new.id > max(b.ids()[:-1])
 
 
-def test_a_stale_index_is_rebuilt_from_sqlite(tmp_path):
-    b = ExperienceBank(tmp_path / "b", embedder="hash")
-    b.add(*RULES[0])
+CRASHER = textwrap.dedent(
+    """
+    import json, os, sys
+    from crl_agent.experience import ExperienceBank
+    b = ExperienceBank(sys.argv[1], embedder="hash")
+    first, second = json.loads(sys.argv[2])
+    b.add(*first)
     b.save()
-    b.add(*RULES[2])  # after the save: the index file on disk is now one generation behind
-    b._db.close()  # simulate a crash: no close(), no save()
-    b._lockfile.close()
+    b.add(*second)  # after the save: the index file on disk is now one generation behind
+    os._exit(0)  # a crash: no close(), no save()
+    """
+)
+
+
+def test_a_stale_index_is_rebuilt_from_sqlite(tmp_path):
+    rules = json.dumps([RULES[0], RULES[2]])
+    subprocess.run([sys.executable, "-c", CRASHER, str(tmp_path / "b"), rules], cwd=REPO, check=True, timeout=120)
     with ExperienceBank(tmp_path / "b", embedder="hash") as b2:
         assert b2.rebuilt_index and len(b2) == 2 and b2.check_consistency() == []
         assert b2.search("locked door key", k=1)[0][0].title == "Keys"
@@ -140,7 +151,7 @@ def test_index_grows_past_its_capacity_and_matches_exact_search(tmp_path):
             b.add_many(items, embeddings=vecs[start : start + 1000])
         q = rng.normal(size=(20, 32)).astype(np.float32)
         ann = b.search_vectors(q, 8)
-        exact = b._exact(q, b.ids(), 8)
+        exact = b.search_exact(q, 8)
         recall = np.mean([len({i for i, _ in a} & {i for i, _ in e}) / 8 for a, e in zip(ann, exact, strict=True)])
         assert recall >= 0.9
         filtered = b.search_vectors(q, 8, task="big")
@@ -248,3 +259,38 @@ def test_kill_9_during_writes_leaves_a_consistent_bank(tmp_path):
         outcomes.append(_check_intact(path))
     assert outcomes[-1][0] > 0
     assert any(rebuilt for _, rebuilt in outcomes)  # some kill left a stale index behind, and it was rebuilt
+
+
+def test_closed_and_search_exact_are_public(tmp_path):
+    b = ExperienceBank(tmp_path / "b", embedder="hash")
+    for rule in RULES:
+        b.add(*rule)
+    assert not b.closed
+    q = b.embedder.embed(["locked door key"])
+    best = b.search_exact(q, 2)[0]
+    assert [b.get(i).title for i, _ in best][0] == "Keys" and best[0][1] >= best[1][1]
+    only_sokoban = b.search_exact(q, 8, task="crl/Sokoban-6x6-2-v0")[0]
+    assert {b.get(i).title for i, _ in only_sokoban} == {"Corners", "Walls"}
+    assert b.search_exact(q, 3, task="no such task") == [[]]
+    b.close()
+    assert b.closed
+
+
+def test_a_small_task_search_sees_every_add_update_and_delete(tmp_path):
+    task = "crl/Sokoban-6x6-2-v0"
+    with ExperienceBank(tmp_path / "b", embedder="hash") as b:
+        b.add(*RULES[0])
+        b.add(*RULES[1])
+        b.add(*RULES[2])  # another task: never returned for this one
+
+        def titles(query: str) -> list[str]:
+            return [b.get(i).title for i, _ in b.search_vectors(b.embedder.embed([query]), 8, task)[0]]
+
+        assert set(titles("locked door key")) == {"Corners", "Walls"}
+        keys = b.add(task, "Keys here", "If the door is locked, then pick up the key.")
+        assert titles("locked door key")[0] == "Keys here"
+        b.update(keys.id, content="If a box is stuck, then restart.")
+        assert titles("box stuck restart")[0] == "Keys here"
+        b.delete([keys.id])
+        assert set(titles("locked door key")) == {"Corners", "Walls"}
+        assert "Keys here" not in titles("box stuck restart")

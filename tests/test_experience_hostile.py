@@ -82,7 +82,8 @@ class FastCRL(CRLAgent):
     def __init__(self, seed: int = 0, bank: str | None = None, run_dir: str | None = None, experience: str = "on",
                  act_delay: float = 0.01, distil_delay: float = 0.05):
         super().__init__(seed=seed, bank=bank, run_dir=run_dir, experience=experience, embedder="hash",
-                         llm=FakeModel(act_delay, distil_delay), manager_config={"merge_every": 4})
+                         llm=FakeModel(act_delay, distil_delay), manager_config={"merge_every": 4},
+                         action_mode="generate")  # the scripted model writes actions; it does not score them
 
 
 def _eval_argv(out, bank, episodes: int) -> list[str]:

@@ -387,3 +387,20 @@ def test_make_embedder_specs_and_the_packaged_minilm():
     v = minilm.embed(["the door is locked", "use the key to open the door", "the price is over budget"])
     assert v.shape == (3, 384) and abs(float((v[0] ** 2).sum()) - 1) < 1e-4
     assert v[0] @ v[1] > v[0] @ v[2]  # semantic, not lexical: "locked" and "key" share no words
+
+
+def test_pending_counts_queued_distillations_and_a_closed_manager_refuses_searches(bank):
+    llm = ScriptedLLM([ops(add("Corners", "If a box is in a corner, then restart the level."))], delay=0.2)
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0))
+        for i in range(3):
+            m.submit(traj(i))
+        assert m.pending == 3
+        await m.flush()
+        assert m.pending == 0
+        await m.aclose()
+        with pytest.raises(RuntimeError, match="closed"):
+            await asyncio.wait_for(m.search("box"), 5)  # an error, not a request nobody serves
+
+    run(main())

@@ -28,7 +28,7 @@ class GuessEnv(TextEnv):
         n = int(action)
         self.history.append(action)
         if n == self.target:
-            return StepOutcome("Correct!", 1.0, True, True, 1.0)
+            return StepOutcome("Correct!", reward=1.0, terminated=True, success=True, progress=1.0)
         hint = "higher" if n < self.target else "lower"
         return StepOutcome(f"{n} is wrong; go {hint}. Guesses so far: {' '.join(self.history)}")
 

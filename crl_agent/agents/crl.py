@@ -259,7 +259,7 @@ class CRLAgent(LLMAgent):
         )
 
     def _release_bank(self) -> None:
-        if self.bank is not None and self.bank._db is not None:
+        if self.bank is not None and not self.bank.closed:
             self.bank.close()
         if self._temp_bank is not None:
             shutil.rmtree(self._temp_bank, ignore_errors=True)
@@ -315,7 +315,7 @@ class CRLAgent(LLMAgent):
                     print(f"crl: finishing {pending} queued distillation(s) into the experience bank ...",
                           file=sys.stderr, flush=True)
                 await self.manager.aclose()
-            if self.bank is not None and self.bank._db is not None:
+            if self.bank is not None and not self.bank.closed:
                 self._final = {"bank_entries": len(self.bank), "bank_tasks": self.bank.tasks()}
             if self._owns_extractor and self.extractor is not None:
                 await self.extractor.aclose()

@@ -260,13 +260,15 @@ class LLMPolicy(Policy):
             self.llm_calls += 1
             self.tokens_in += len(result.prompt_token_ids) + sum(result.token_counts)
             scores = np.asarray(result.normalised(agent.score_norm), dtype=np.float64)
+            behaviour = None
             if agent.temperature > 0:
                 z = scores / agent.temperature
                 probs = np.exp(z - z.max())
                 probs /= probs.sum()
-                if agent.explore > 0:  # behaviour policy for RL exploration: mixed with uniform
-                    probs = (1 - agent.explore) * probs + agent.explore / len(probs)
-                chosen = int(self._rng().choice(len(candidates), p=probs))
+                behaviour = probs
+                if agent.explore > 0:  # RL exploration: sample from the policy mixed with uniform
+                    behaviour = (1 - agent.explore) * probs + agent.explore / len(probs)
+                chosen = int(self._rng().choice(len(candidates), p=behaviour))
             else:
                 probs = (scores == scores.max()).astype(np.float64)
                 probs /= probs.sum()
@@ -280,7 +282,8 @@ class LLMPolicy(Policy):
             "candidates": [{"text": c, "logprob": float(lp), "prob": float(p)}
                            for c, lp, p in zip(candidates, scores, probs, strict=True)],
             "chosen": chosen,
-            "action_logprob": float(np.log(max(probs[chosen], 1e-300))),
+            "action_logprob": float(np.log(max(probs[chosen], 1e-300))),  # the policy's own (PPO's old log-prob)
+            "behaviour_logprob": float(np.log(max((probs if behaviour is None else behaviour)[chosen], 1e-300))),
             "temperature": agent.temperature,
             "score_norm": agent.score_norm,
             "policy_version": result.policy_version,
@@ -381,8 +384,10 @@ class LLMAgent(Agent):
             ``"score"`` (always score; a step without a list is an error) or ``"generate"``.
         score_norm: ``"sum"`` (a candidate's total log-prob) or ``"mean"`` (per token) in score mode;
             ``temperature`` divides the scores before the softmax (0: argmax).
-        explore: score mode, for RL rollouts: sample from ``(1 - explore) * softmax + explore * uniform``
-            (the recorded ``action_logprob`` is that mixture's, the behaviour policy's).
+        explore: score mode, for RL rollouts: sample from ``(1 - explore) * softmax + explore * uniform``.
+            The trace records the policy's own ``action_logprob`` (what PPO's ratio starts from: explored
+            actions are trained on as the policy's, as with epsilon-greedy) and the mixture's
+            ``behaviour_logprob``.
         max_tool_calls: tool calls allowed per episode (only used by subclasses with tools).
         llm: an already built backend (shared, not closed by :meth:`aclose`); overrides ``backend``/``model``.
         **backend_kwargs: passed to :func:`crl_agent.llm.make_llm` (e.g. ``base_url=``, ``device=``).

@@ -63,7 +63,7 @@ class VectorIndex:
         capacity: initial number of slots (it doubles when full).
     """
 
-    def __init__(self, dim: int, *, m: int = 16, ef_construction: int = 200, capacity: int = MIN_CAPACITY):
+    def __init__(self, dim: int, *, m: int = 32, ef_construction: int = 400, capacity: int = MIN_CAPACITY):
         self.dim = dim
         self._h = _hnswlib().Index(space="cosine", dim=dim)
         self._h.init_index(max_elements=max(MIN_CAPACITY, capacity), ef_construction=ef_construction, M=m)
@@ -138,10 +138,13 @@ class VectorIndex:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Labels and cosine similarities of the ``k`` nearest (within ``allowed``), per query row.
 
+        The search keeps ``max(ef, 2 * k)`` candidates: one that keeps only as many as it returns
+        (the manager fetches 64 for its diversified top 4) misses many of the true neighbours.
+
         Raises:
             RuntimeError: fewer than ``k`` reachable candidates (e.g. after many deletions).
         """
-        self._h.set_ef(max(ef, k))
+        self._h.set_ef(max(ef, 2 * k))
         labels, dists = self._h.knn_query(
             queries, k=k, num_threads=1, filter=None if allowed is None else allowed.__contains__
         )

@@ -1,7 +1,8 @@
 """ExperienceManager: the asyncio service between actors, the bank and the extractor.
 
-- **search**: requests are micro-batched (``batch_size`` 32, ``max_wait_ms`` 5): one embedder
-  call and one index pass per batch, with an LRU cache of query embeddings; results are
+- **search**: requests are micro-batched (``batch_size`` 32, ``max_wait_ms`` 5) by the
+  :class:`~crl_agent.llm.batching.RequestBatcher` the local LLM backends use: one embedder call
+  and one index pass per batch, with an LRU cache of query embeddings; results are
   diversified (:mod:`crl_agent.experience.retrieval`).
 - **distil**: :meth:`ExperienceManager.submit` queues a finished trajectory and returns at once;
   background workers call the extractor and apply its operations, so an actor never waits.
@@ -35,6 +36,7 @@ from crl_agent.experience.calllog import CallLog, ExtractorSample, fold_samples
 from crl_agent.experience.retrieval import DiversityConfig, Retriever, near_duplicates
 from crl_agent.experience.rwlock import RWLock
 from crl_agent.llm.base import LLM, Completion, SamplingParams
+from crl_agent.llm.batching import RequestBatcher
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,6 @@ class _Request:
     query: str
     k: int
     task: str | None
-    future: asyncio.Future
 
 
 class ExperienceManager:
@@ -120,7 +121,13 @@ class ExperienceManager:
         self.run_tag = uuid.uuid4().hex[:8]
         self._call_counter = itertools.count()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._requests: asyncio.Queue[_Request] | None = None
+        if self.config.batch_size < 1:
+            raise ValueError(f"ManagerConfig.batch_size must be at least 1, got {self.config.batch_size}")
+        self._searches: RequestBatcher[_Request, list[ExperienceEntry]] = RequestBatcher(
+            self._serve, self.config.batch_size, self.config.max_wait_ms / 1000, thread_name="experience-search"
+        )
+        self._started = False
+        self._pending = 0  # trajectories queued or being distilled
         self._distil_q: asyncio.Queue[ex.Trajectory] | None = None
         self._tasks: list[asyncio.Task] = []
         self._merge_lock: asyncio.Lock | None = None
@@ -136,19 +143,18 @@ class ExperienceManager:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        """Start the batcher and the workers on the running loop (idempotent; other calls do it)."""
+        """Start the distillation workers on the running loop (idempotent; other calls do it)."""
         self._ensure_started()
 
     def _ensure_started(self) -> None:
-        if self._requests is not None:
-            return
         if self._closed:
             raise RuntimeError("ExperienceManager is closed")
+        if self._started:
+            return
         loop = asyncio.get_running_loop()
-        self._requests = asyncio.Queue()
+        self._started = True
         self._distil_q = asyncio.Queue()
         self._merge_lock = asyncio.Lock()
-        self._tasks.append(loop.create_task(self._batch_loop(), name="experience-search"))
         for i in range(self.config.distil_workers):
             self._tasks.append(loop.create_task(self._distil_loop(), name=f"experience-distil-{i}"))
 
@@ -163,6 +169,7 @@ class ExperienceManager:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self._searches.aclose()
         self.calls.close()
 
     def _new_call_id(self) -> str:
@@ -172,46 +179,19 @@ class ExperienceManager:
     async def search(self, query: str, k: int | None = None, task: str | None = None) -> list[ExperienceEntry]:
         """Diversified entries for ``query`` (within ``task`` if given); usage stats are updated."""
         await self.start()
-        assert self._requests is not None
-        fut = asyncio.get_running_loop().create_future()
-        self._requests.put_nowait(_Request(query, self.config.k if k is None else k, task, fut))
-        return await fut
+        return await self._searches.submit(_Request(query, self.config.k if k is None else k, task))
 
-    async def _batch_loop(self) -> None:
-        assert self._requests is not None
-        loop = asyncio.get_running_loop()
-        size, wait = self.config.batch_size, self.config.max_wait_ms / 1000
-        while True:
-            batch = [await self._requests.get()]
-            deadline = loop.time() + wait
-            while len(batch) < size:
-                while len(batch) < size and not self._requests.empty():
-                    batch.append(self._requests.get_nowait())
-                left = deadline - loop.time()
-                if len(batch) >= size or left <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._requests.get(), left))
-                except asyncio.TimeoutError:
-                    break
-            await self._serve(batch)
-
-    async def _serve(self, batch: list[_Request]) -> None:
+    async def _serve(self, batch: list[_Request]) -> list[list[ExperienceEntry]]:
+        """One batch of searches (the batcher hands an exception raised here to every request in it)."""
         t0 = time.perf_counter()
         try:
             vectors = await self._embed_queries([r.query for r in batch])
             async with self.lock.read():
-                results = await asyncio.to_thread(self._search_batch, batch, vectors)
-            for r, res in zip(batch, results, strict=True):
-                if not r.future.done():
-                    r.future.set_result(res)
-        except Exception as e:  # noqa: BLE001 - delivered to every waiting caller, the loop lives on
-            for r in batch:
-                if not r.future.done():
-                    r.future.set_exception(e)
-        self.stats["searches"] += len(batch)
-        self.stats["search_batches"] += 1
-        self.stats["search_s"] += time.perf_counter() - t0
+                return await asyncio.to_thread(self._search_batch, batch, vectors)
+        finally:
+            self.stats["searches"] += len(batch)
+            self.stats["search_batches"] += 1
+            self.stats["search_s"] += time.perf_counter() - t0
 
     async def _embed_queries(self, queries: list[str]) -> dict[str, np.ndarray]:
         out, missing = {}, []
@@ -279,11 +259,12 @@ class ExperienceManager:
         self._ensure_started()
         assert self._distil_q is not None
         self._distil_q.put_nowait(traj)
+        self._pending += 1
 
     @property
     def pending(self) -> int:
         """Trajectories queued or being distilled."""
-        return 0 if self._distil_q is None else self._distil_q._unfinished_tasks  # type: ignore[attr-defined]
+        return self._pending
 
     async def flush(self) -> None:
         """Wait until every queued distillation (and the merges it triggers) is applied; save the index."""
@@ -307,6 +288,7 @@ class ExperienceManager:
                 self.stats["extractor_errors"] += 1
                 log.warning("distillation of %s failed: %s", traj.id, e)
             finally:
+                self._pending -= 1
                 self._distil_q.task_done()
 
     async def distil(self, traj: ex.Trajectory) -> list[ex.DistilOp]:

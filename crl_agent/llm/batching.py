@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -36,7 +37,8 @@ class RequestBatcher(Generic[R, T]):
 
     Args:
         generate_batch: blocking function run in the worker thread; returns one result per request
-            (an ``Exception`` instance in a slot fails only that request).
+            (an ``Exception`` instance in a slot fails only that request). A coroutine function is
+            awaited on the event loop instead (it keeps its own blocking work off the loop).
         max_batch_size: most requests per call.
         max_wait_s: how long to keep collecting after the first request arrives.
         thread_name: name of the worker thread.
@@ -44,7 +46,7 @@ class RequestBatcher(Generic[R, T]):
 
     def __init__(
         self,
-        generate_batch: Callable[[list[R]], Sequence[T | BaseException]],
+        generate_batch: Callable[[list[R]], Sequence[T | BaseException] | Awaitable[Sequence[T | BaseException]]],
         max_batch_size: int = 8,
         max_wait_s: float = 0.005,
         thread_name: str = "llm-batcher",
@@ -52,6 +54,7 @@ class RequestBatcher(Generic[R, T]):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self._generate = generate_batch
+        self._is_async = inspect.iscoroutinefunction(generate_batch)
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
@@ -100,8 +103,10 @@ class RequestBatcher(Generic[R, T]):
             self.stats.requests += len(batch)
             self.stats.sizes.append(len(batch))
             try:
-                results: Sequence[Any] = await loop.run_in_executor(
-                    self._executor, self._generate, [req for req, _ in batch]
+                requests = [req for req, _ in batch]
+                results: Sequence[Any] = await (
+                    self._generate(requests) if self._is_async
+                    else loop.run_in_executor(self._executor, self._generate, requests)
                 )
                 if len(results) != len(batch):
                     raise RuntimeError(f"generate_batch returned {len(results)} results for {len(batch)} requests")

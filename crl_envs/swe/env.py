@@ -294,8 +294,8 @@ class SWEEnv(TextEnv):
                 "grade": {"patch_applied": grade.patch_applied, "f2p_passed": grade.f2p_passed,
                           "f2p_failed": grade.f2p_failed, "p2p_passed": grade.p2p_passed,
                           "p2p_failed": grade.p2p_failed, "note": grade.note}}
-        return StepOutcome(self._render(text), 1.0 if grade.resolved else 0.0, True, grade.resolved,
-                           grade.progress, info)
+        return StepOutcome(self._render(text), reward=1.0 if grade.resolved else 0.0, terminated=True,
+                           success=grade.resolved, progress=grade.progress, info=info)
 
     def extract_patch(self) -> tuple[str, str]:
         """The workspace's diff against ``base_commit`` (new files included), computed inside the sandbox.
