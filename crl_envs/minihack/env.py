@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -90,7 +91,9 @@ class MiniHackTextEnv(TextEnv):
     def __init__(self, task: str = "MiniHack-Room-5x5-v0", objects: bool = True, render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
         try:
-            import minihack  # noqa: F401 - registers MiniHack ids
+            with warnings.catch_warnings():  # minihack imports the deprecated pkg_resources: not the user's concern
+                warnings.filterwarnings("ignore", message=".*pkg_resources.*")
+                import minihack  # noqa: F401 - registers MiniHack ids
         except ImportError as e:
             raise gym.error.DependencyNotInstalled('MiniHack needs nle and minihack: pip install -e ".[minihack]"') from e
         from nle import nethack
