@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -281,6 +282,7 @@ class _Clock(Policy):
         import time
 
         self.agent.acts.append((self.env_id, time.monotonic()))
+        await asyncio.sleep(0.01)  # like a model call: spreads the fast task's steps over seconds
         return info["admissible_actions"][0]
 
 
@@ -297,7 +299,12 @@ class ClockAgent(Agent):
 def test_inline_envs_run_off_the_loop_so_a_slow_step_never_freezes_another_task(tmp_path):
     ClockAgent.acts = []
     _run(tmp_path, "--agent", "tests.test_trajectories:ClockAgent", "--tasks", f"test/Sleepy-v0,{SOKOBAN}",
-         "--episodes", "1", "--max-steps", "400")
-    sleepy_start = next(t for e, t in ClockAgent.acts if e == "test/Sleepy-v0")
-    during = [t for e, t in ClockAgent.acts if e == SOKOBAN and sleepy_start < t < sleepy_start + 1.8]
-    assert len(during) > 20, "the other task's steps went on while the slow step ran"
+         "--episodes", "3", "--max-steps", "400")
+    sleepy = [t for e, t in ClockAgent.acts if e == "test/Sleepy-v0"]
+    fast = [t for e, t in ClockAgent.acts if e == SOKOBAN]
+    assert len(sleepy) == 3 and fast[-1] - fast[0] > 1.0
+    # while each 2 s step ran (from its act until the next one), the Sokoban task kept stepping
+    windows = [(a + 0.2, a + 1.8) for a in sleepy if fast[0] < a + 0.2 and a + 1.8 < fast[-1]]
+    assert windows, "the fast task must overlap a slow step"
+    for lo, hi in windows:
+        assert sum(lo < t < hi for t in fast) > 20, "the other task's steps went on while the slow step ran"

@@ -280,8 +280,11 @@ def test_hostile_text_shows_literally_and_nothing_executes(watched, site, output
         assert h in text
     _open(page, site, pages[2])
     page.wait_for_selector(".step.current")
-    page.locator("#step-0 details.info summary").click()
-    assert '"__proto__"' in page.locator("#step-0 details.info").inner_text()  # a key, not a prototype
+    info = page.locator("#step-0 details.info")
+    info.evaluate("d => { d.open = true; }")  # opened, whether or not an earlier click already had it open
+    page.wait_for_function("() => document.querySelector('#step-0 details.info').innerText.includes('__proto__')",
+                           timeout=10_000)
+    assert '"__proto__"' in info.inner_text()  # a key, not a prototype
     assert page.evaluate("({}).polluted") is None
     big = page.locator("#step-1 pre.observation")
     assert len(big.inner_text()) <= 20_001 and page.locator("#step-1 button.more").count() >= 1
