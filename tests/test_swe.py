@@ -334,13 +334,13 @@ def test_docker_sandbox_without_an_engine_is_a_clear_error(insts):
 def test_docker_sandbox_grades_a_real_instance_with_its_harness_image():
     import os
 
+    if not os.environ.get("SWE_DOCKER_INSTANCES"):  # checked first: no engine is started for nothing
+        pytest.skip("set SWE_DOCKER_INSTANCES to an instance file whose SWE-bench harness images are built")
     from crl_envs.swe.docker_sandbox import docker_available
 
     reason = docker_available()
     if reason:
         pytest.skip(f"docker: {reason}")
-    if not os.environ.get("SWE_DOCKER_INSTANCES"):
-        pytest.skip("set SWE_DOCKER_INSTANCES to an instance file whose SWE-bench harness images are built")
     inst = load_instances(os.environ["SWE_DOCKER_INSTANCES"])[0]
     assert grade_patch(inst, inst.patch, source=None, sandbox="docker").resolved
 
