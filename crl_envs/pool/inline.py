@@ -35,7 +35,7 @@ import traceback
 from typing import Any
 
 from crl_envs.pool.host import EnvHost
-from crl_envs.pool.slots import SlotTable, check_method, parse_envs
+from crl_envs.pool.slots import SlotFront, SlotTable, parse_envs
 from crl_envs.registry import env_class
 
 _TIMED_OUT = object()  # a call's outcome when its timeout fired first
@@ -87,7 +87,7 @@ class _SlotThread:
         self.jobs.put(None)
 
 
-class InlinePool:
+class InlinePool(SlotFront):
     """Many envs in this process, each driven by its own thread (see the module docstring).
 
     Args:
@@ -196,21 +196,7 @@ class InlinePool:
         self._abandoned = [w for w in self._abandoned + workers if w.thread.is_alive()]
         self._host.close()
 
-    async def __aenter__(self) -> InlinePool:
-        return await self.start()
 
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __len__(self) -> int:
-        return len(self.slots)
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.slots)
-
-    def env_id(self, slot: int) -> str:
-        return self.slots.check(slot).env_id
 
     def restarts(self) -> int:
         """How many envs were abandoned after a timeout (each replaced at its slot's next reset)."""
@@ -267,17 +253,3 @@ class InlinePool:
                 worker = await self._spawn(slot)
             return await self._run(slot, worker, method, args, kwargs, timeout)
 
-    async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
-        """``env.reset`` on one slot; returns ``(obs, info)``."""
-        self.slots.check(slot).seed = seed
-        return await self._request(slot, "reset", (seed, options), self.reset_timeout)
-
-    async def step(self, slot: int, action: str):
-        """``env.step`` on one slot; returns ``(obs, reward, terminated, truncated, info)``."""
-        return await self._request(slot, "step", (action,), self.slots.timeout(slot, self.timeout))
-
-    async def call(self, slot: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call a public method of the slot's unwrapped env, e.g. ``oracle_action``."""
-        self.slots.check(slot)
-        check_method(method)
-        return await self._request(slot, method, args, self.slots.timeout(slot, self.timeout), kwargs)

@@ -35,7 +35,7 @@ from typing import Any
 
 from crl_envs.pool.base import EnvError
 from crl_envs.pool.pipes import RequestWriter, describe_exit
-from crl_envs.pool.slots import SlotTable, check_method, parse_envs
+from crl_envs.pool.slots import SlotFront, SlotTable, parse_envs
 from crl_envs.pool.worker import worker_main
 
 __all__ = ["EnvError", "EnvPool", "ProcessPool", "SyncEnvPool"]
@@ -63,7 +63,7 @@ class _Worker:
     restarts: int = 0
 
 
-class ProcessPool:
+class ProcessPool(SlotFront):
     """Many envs, possibly of different families, in worker processes.
 
     Args:
@@ -245,21 +245,7 @@ class ProcessPool:
             if w.making is not None and not w.making.done():
                 w.making.cancel()
 
-    async def __aenter__(self) -> ProcessPool:
-        return await self.start()
 
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __len__(self) -> int:
-        return len(self.slots)
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.slots)
-
-    def env_id(self, slot: int) -> str:
-        return self.slots.check(slot).env_id
 
     # ------------------------------------------------------------------ API
     def _submit(self, w: _Worker, slot: int, method: str, args: tuple,
@@ -307,20 +293,6 @@ class ProcessPool:
         req_id, call = self._submit(w, slot, method, args, kwargs)
         return await self._wait(w, req_id, call, timeout)
 
-    async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
-        """``env.reset`` on one slot; returns ``(obs, info)``."""
-        self.slots.check(slot).seed = seed
-        return await self._request(slot, "reset", (seed, options), self.reset_timeout)
-
-    async def step(self, slot: int, action: str):
-        """``env.step`` on one slot; returns ``(obs, reward, terminated, truncated, info)``."""
-        return await self._request(slot, "step", (action,), self.slots.timeout(slot, self.timeout))
-
-    async def call(self, slot: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call a public method of the slot's unwrapped env, e.g. ``oracle_action``."""
-        self.slots.check(slot)
-        check_method(method)
-        return await self._request(slot, method, args, self.slots.timeout(slot, self.timeout), kwargs)
 
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w.process is not None]

@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 
 from crl_envs.pool.base import EnvError
-from crl_envs.pool.slots import SlotTable, check_method, parse_envs
+from crl_envs.pool.slots import SlotFront, SlotTable, parse_envs
 
 
 def _ray():
@@ -63,7 +63,7 @@ class _ActorBody:
         return os.getpid()
 
 
-class RayEnvPool:
+class RayEnvPool(SlotFront):
     """The :class:`~crl_envs.pool.base.SlotPool` API backed by Ray actors.
 
     Args:
@@ -173,20 +173,6 @@ class RayEnvPool:
             raise self._error(slot, "exception", f"the {method} request failed in Ray: "
                                                  f"{type(e).__name__}: {e}") from None
 
-    async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
-        """``env.reset`` on one slot; returns ``(obs, info)``."""
-        self.slots.check(slot).seed = seed
-        return await self._request(slot, "reset", (seed, options), self.reset_timeout)
-
-    async def step(self, slot: int, action: str):
-        """``env.step`` on one slot; returns ``(obs, reward, terminated, truncated, info)``."""
-        return await self._request(slot, "step", (action,), self.slots.timeout(slot, self.timeout))
-
-    async def call(self, slot: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call a public method of the slot's unwrapped env, e.g. ``oracle_action``."""
-        self.slots.check(slot)
-        check_method(method)
-        return await self._request(slot, method, args, self.slots.timeout(slot, self.timeout), kwargs)
 
     def restarts(self) -> int:
         return self._restarts
@@ -204,18 +190,4 @@ class RayEnvPool:
                     except Exception:  # noqa: BLE001, S110
                         pass
 
-    def __len__(self) -> int:
-        return len(self.slots)
 
-    @property
-    def num_slots(self) -> int:
-        return len(self.slots)
-
-    def env_id(self, slot: int) -> str:
-        return self.slots.check(slot).env_id
-
-    async def __aenter__(self) -> RayEnvPool:
-        return await self.start()
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.close()

@@ -126,3 +126,46 @@ class SlotTable:
         for s in self.slots:
             if s.host == host and s.active:
                 s.active, s.lost = False, (cause, detail)
+
+
+class SlotFront:
+    """The per-slot API the three pools share, written once over each pool's own ``_request``.
+
+    A pool sets ``slots`` (:class:`SlotTable`), ``timeout`` and ``reset_timeout``, and implements
+    ``start()``, ``close()`` and ``_request(slot, method, args, timeout, kwargs)``.
+    """
+
+    slots: SlotTable
+    timeout: float
+    reset_timeout: float
+
+    async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
+        """``env.reset`` on one slot; returns ``(obs, info)``."""
+        self.slots.check(slot).seed = seed
+        return await self._request(slot, "reset", (seed, options), self.reset_timeout)
+
+    async def step(self, slot: int, action: str):
+        """``env.step`` on one slot; returns ``(obs, reward, terminated, truncated, info)``."""
+        return await self._request(slot, "step", (action,), self.slots.timeout(slot, self.timeout))
+
+    async def call(self, slot: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a public method of the slot's unwrapped env, e.g. ``oracle_action``."""
+        self.slots.check(slot)
+        check_method(method)
+        return await self._request(slot, method, args, self.slots.timeout(slot, self.timeout), kwargs)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slots)
+
+    def env_id(self, slot: int) -> str:
+        return self.slots.check(slot).env_id
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
