@@ -90,6 +90,6 @@ def test_the_step_cap_of_each_run_is_shown_beside_its_scores():
     subs = [load_submission(d) for d in sorted((ROOT / "submissions").iterdir()) if d.is_dir()]
     rows = {line.split(" | ")[1]: line.split(" | ") for line in render(subs).splitlines()
             if line.startswith("| ") and " | " in line and not line.startswith("| rank")}
-    capped = next(r for name, r in rows.items() if "llm agent" in name)
+    capped = next(r for name, r in rows.items() if "llm agent" in name and "at most 10 steps" in name)
     uncapped = next(r for name, r in rows.items() if name.startswith("oracle baseline (task set 6"))
     assert capped[4] == "10" and uncapped[4] == "env"
