@@ -97,6 +97,9 @@ class TrainConfig:
             raise ValueError("--group-size must be >= 2 (and even in crl mode: half without experience, half with)")
         if self.adv_scale not in ("mean", "mean_std"):
             raise ValueError("--adv-scale must be 'mean' or 'mean_std'")
+        if self.eval_seed < self.groups:
+            raise ValueError("--eval-seed must be at least --groups: training seeds are drawn below it, "
+                             "held-out seeds from it up")
         if min(self.steps, self.groups, self.eval_episodes, self.concurrency) < 1 or self.eval_every < 0:
             raise ValueError("--steps, --groups, --eval-episodes and --concurrency must be >= 1")
 
@@ -263,9 +266,9 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
     llm, trained, learner, agent, extractor, ext_learner = build(cfg, out)
     start, evals = 0, []
     if resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
+        saved = torch.load(ckpt_path, weights_only=False, map_location="cpu")["config"]  # what the weights came from
         resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
-        diff = config_diff({k: v for k, v in state["config"].items() if k not in RESUMABLE_CHANGES}, resumable)
+        diff = config_diff({k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}, resumable)
         if diff:
             raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}); "
                              "use the same options or another --out")
@@ -292,7 +295,8 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             manager = getattr(agent, "manager", None)
             if manager is not None:
                 await manager.flush()
-            seeds = [cfg.seed * 100_003 + step * cfg.groups + g for g in range(cfg.groups)]
+            # training seeds stay below --eval-seed, so no held-out seed is ever trained on
+            seeds = [(cfg.seed * 100_003 + step * cfg.groups + g) % cfg.eval_seed for g in range(cfg.groups)]
             ctxs = [EpisodeContext(cfg.env, s, g, sample=k, with_experience=cfg.mode == "crl" and k >= half)
                     for g, s in enumerate(seeds) for k in range(cfg.group_size)]
             episodes = await play(cfg, agent, ctxs, explore=cfg.explore)
