@@ -281,12 +281,7 @@ class ProcessPool(SlotFront):
 
     async def _request(self, slot: int, method: str, args: tuple, timeout: float,
                        kwargs: dict[str, Any] | None = None) -> Any:
-        s = self.slots.check(slot)
-        if not self._started:
-            await self.start()
-        if self._closed:
-            raise self._error(slot, "closed", "the pool was closed")
-        self.slots.begin(slot, method)
+        s = await self._admit(slot, method)
         w = self.workers[s.host]
         if w.process is None:  # it died while creating its envs: try once more
             self._spawn(w)

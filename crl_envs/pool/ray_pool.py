@@ -138,12 +138,7 @@ class RayEnvPool(SlotFront):
 
     async def _request(self, slot: int, method: str, args: tuple, timeout: float,
                        kwargs: dict[str, Any] | None = None) -> Any:
-        s = self.slots.check(slot)
-        if not self._started:
-            await self.start()
-        if self._closed:
-            raise self._error(slot, "closed", "the pool was closed")
-        self.slots.begin(slot, method)
+        s = await self._admit(slot, method)
         try:
             return await self._call_actor(slot, s.host, self.actors[s.host], method, args, timeout, kwargs)
         except EnvError:

@@ -138,6 +138,8 @@ class SlotFront:
     slots: SlotTable
     timeout: float
     reset_timeout: float
+    _started: bool
+    _closed: bool
 
     async def reset(self, slot: int, seed: int | None = None, options: dict[str, Any] | None = None):
         """``env.reset`` on one slot; returns ``(obs, info)``."""
@@ -153,6 +155,17 @@ class SlotFront:
         self.slots.check(slot)
         check_method(method)
         return await self._request(slot, method, args, self.slots.timeout(slot, self.timeout), kwargs)
+
+    async def _admit(self, slot: int, method: str) -> Slot:
+        """What a request passes before it is sent: a valid slot, a started, open pool, and the slot's
+        episode bookkeeping (a call on a lost episode raises its loss)."""
+        s = self.slots.check(slot)
+        if not self._started:
+            await self.start()
+        if self._closed:
+            raise self.slots.error(slot, "closed", "the pool was closed")
+        self.slots.begin(slot, method)
+        return s
 
     def __len__(self) -> int:
         return len(self.slots)
