@@ -149,6 +149,19 @@ def _device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
     return w.device, w.dtype
 
 
+
+def _decode_and_score(model, parts, input_ids, attention, positions, picks, device) -> torch.Tensor:
+    """One decoder pass, then the log-prob of each ``(row, col) -> target`` pick (output layer only there)."""
+    rows, cols, targets = picks
+    hidden = parts.decoder(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        position_ids=positions.to(device),
+        use_cache=False,
+    ).last_hidden_state
+    picked = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
+    return token_logprobs(model, picked, torch.tensor(targets, device=device))
+
 def batch_sequence_logprobs(
     model: torch.nn.Module, prompts: Sequence[TokenIds], responses: Sequence[TokenIds]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,14 +202,7 @@ def batch_sequence_logprobs(
             targets.append(r[j])
         mask[b, : len(r)] = True
     positions = torch.arange(length).unsqueeze(0).expand(batch, -1)
-    hidden = parts.decoder(
-        input_ids=input_ids.to(device),
-        attention_mask=attention.to(device),
-        position_ids=positions.to(device),
-        use_cache=False,
-    ).last_hidden_state
-    picked = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
-    values = token_logprobs(model, picked, torch.tensor(targets, device=device))
+    values = _decode_and_score(model, parts, input_ids, attention, positions, (rows, cols, targets), device)
     return logp.masked_scatter(mask, values), mask
 
 
@@ -241,14 +247,7 @@ def _packed(
             start = end
     bias = torch.zeros(batch, 1, width, width, dtype=dtype)
     bias.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
-    hidden = parts.decoder(
-        input_ids=input_ids.to(device),
-        attention_mask=bias.to(device),
-        position_ids=positions.to(device),
-        use_cache=False,
-    ).last_hidden_state
-    picked = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
-    values = token_logprobs(model, picked, torch.tensor(targets, device=device))
+    values = _decode_and_score(model, parts, input_ids, bias, positions, (rows, cols, targets), device)
     out, i = [], 0
     for cs in candidates:
         scores = []
