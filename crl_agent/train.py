@@ -40,6 +40,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ from crl_agent.agents.base import EpisodeContext
 from crl_agent.rollout import Episode, PoolSlot, run_episode
 
 MODES = ("grpo", "crl")
-RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads")  # a resumed run may train for longer; anything else must match
+RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads")
+TURN_WEIGHTINGS = ("episode", "turn")  # a resumed run may train for longer; anything else must match
 
 
 @dataclass
@@ -75,6 +77,8 @@ class TrainConfig:
     lora_rank: int = 16  # 0: train every weight
     clip_eps: float = 0.2
     adv_scale: str = "mean"  # "mean" (official code) or "mean_std" (the paper's text)
+    turn_weight: str = "episode"  # episode: each episode weighs the same (one sequence of decisions); turn: each turn
+    turns_per_episode: int = 0  # >0: train on a random subset of this many turns per episode (unbiased, cheaper)
     token_budget: int = 8192  # padded tokens per micro-batch
     extractor_lr: float = 1e-4
     extractor_batch: int = 64  # calls with a meta-reward needed for one extractor update
@@ -88,7 +92,7 @@ class TrainConfig:
     eval_seed: int = 1_000_000  # held-out seeds are eval_seed, eval_seed+1, ...; training seeds start at 0
     seed: int = 0
     concurrency: int = 32  # episodes in flight
-    time_budget_min: float = 0.0  # stop training after this many minutes (then the final evaluation); 0: none
+    time_budget_min: float = 0.0  # stop after this many minutes of training (evaluations not counted); 0: none
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +101,10 @@ class TrainConfig:
             raise ValueError("--group-size must be >= 2 (and even in crl mode: half without experience, half with)")
         if self.adv_scale not in ("mean", "mean_std"):
             raise ValueError("--adv-scale must be 'mean' or 'mean_std'")
+        if self.turn_weight not in TURN_WEIGHTINGS:
+            raise ValueError(f"--turn-weight must be one of {TURN_WEIGHTINGS}")
+        if self.turns_per_episode < 0:
+            raise ValueError("--turns-per-episode must be >= 0 (0: every turn)")
         if self.eval_seed < self.groups:
             raise ValueError("--eval-seed must be at least --groups: training seeds are drawn below it, "
                              "held-out seeds from it up")
@@ -159,18 +167,40 @@ async def play(cfg: TrainConfig, agent, episodes: list[EpisodeContext], explore:
         pool.close()
 
 
-def turn_samples(episodes: list[Episode], advantages: list[float]):
-    """One :class:`TurnSample` per scored turn, carrying its episode's advantage."""
+def turn_samples(episodes: list[Episode], advantages: list[float], weighting: str = "episode",
+                 per_episode: int = 0, rng: random.Random | None = None):
+    """One :class:`TurnSample` per scored turn, carrying its episode's advantage, scaled so that the
+    learner's mean over rows is the loss ``weighting`` asks for.
+
+    ``weighting="episode"`` (default): every episode weighs the same and its turns share that weight,
+    i.e. an episode is one sequence of its decisions under ``seq-mean-token-mean`` (as the official
+    code, which trains on whole multi-turn trajectories). ``"turn"``: every turn weighs the same, so
+    long (typically failed) episodes dominate. ``per_episode > 0`` keeps a uniform random subset of
+    that many turns of each episode, reweighted so the loss stays an unbiased estimate (a cheaper
+    update, at more variance).
+    """
     from crl_agent.rl import TurnSample
 
-    samples = []
+    if weighting not in TURN_WEIGHTINGS:
+        raise ValueError(f"turn weighting must be one of {TURN_WEIGHTINGS}, got {weighting!r}")
+    rng = rng or random.Random(0)
+    chosen: list[tuple[list[dict], float, int]] = []  # (kept turns, advantage, the episode's scored turns)
     for ep, adv in zip(episodes, advantages, strict=True):
-        for step in ep.steps:
-            turn = step.turn or {}
-            if turn.get("method") != "score":
-                continue
+        turns = [s.turn for s in ep.steps if (s.turn or {}).get("method") == "score"]
+        if not turns:
+            continue
+        kept = turns if not per_episode or len(turns) <= per_episode else \
+            [turns[i] for i in sorted(rng.sample(range(len(turns)), per_episode))]
+        chosen.append((kept, float(adv), len(turns)))
+    rows = sum(len(k) for k, _, _ in chosen)
+    total_turns = sum(n for _, _, n in chosen)
+    samples = []
+    for kept, adv, n in chosen:
+        # the learner averages over `rows`; this factor turns that average into the asked weighting
+        share = 1 / (len(chosen) * len(kept)) if weighting == "episode" else n / (len(kept) * total_turns)
+        for turn in kept:
             samples.append(TurnSample(
-                prompt_ids=turn["prompt_token_ids"], advantage=float(adv), old_logprobs=[turn["action_logprob"]],
+                prompt_ids=turn["prompt_token_ids"], advantage=adv * share * rows, old_logprobs=[turn["action_logprob"]],
                 candidate_ids=turn["candidate_token_ids"], chosen=turn["chosen"], temperature=turn["temperature"],
                 norm=turn["score_norm"], policy_version=int(turn.get("policy_version", 0)),
             ))
@@ -206,16 +236,27 @@ async def evaluate(cfg: TrainConfig, agent, step: int) -> dict[str, Any]:
     """Held-out success with the pure policy (no exploration), with and without experience in crl mode."""
     seeds = range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes)
     row: dict[str, Any] = {"step": step}
-    for with_exp in ([False, True] if cfg.mode == "crl" else [False]):
-        eps = await play(cfg, agent, [EpisodeContext(cfg.env, s, i, with_experience=with_exp)
-                                      for i, s in enumerate(seeds)], explore=0.0)
-        ok = [e.success for e in eps if e.error is None]
-        key = "with_experience" if with_exp else "success"
-        row[key] = sum(ok) / len(eps)
-        row[key + "_se"] = math.sqrt(row[key] * (1 - row[key]) / len(eps))
-        row["errored" + ("_with_experience" if with_exp else "")] = sum(e.error is not None for e in eps)
-        row["mean_actions" + ("_with_experience" if with_exp else "")] = sum(e.actions for e in eps) / len(eps)
+    learning = getattr(agent, "learning", None)
+    if learning is not None:
+        agent.learning = False  # held-out episodes are never distilled nor credited to entries
+    try:
+        for with_exp in ([False, True] if cfg.mode == "crl" else [False]):
+            await _evaluate_half(cfg, agent, seeds, with_exp, row)
+    finally:
+        if learning is not None:
+            agent.learning = learning
     return row
+
+
+async def _evaluate_half(cfg: TrainConfig, agent, seeds: range, with_exp: bool, row: dict[str, Any]) -> None:
+    eps = await play(cfg, agent, [EpisodeContext(cfg.env, s, i, with_experience=with_exp)
+                                  for i, s in enumerate(seeds)], explore=0.0)
+    ok = [e.success for e in eps if e.error is None]
+    key, tag = ("with_experience", "_with_experience") if with_exp else ("success", "")
+    row[key] = sum(ok) / len(eps)
+    row[key + "_se"] = math.sqrt(row[key] * (1 - row[key]) / len(eps))
+    row["errored" + tag] = sum(e.error is not None for e in eps)
+    row["mean_actions" + tag] = sum(e.actions for e in eps) / len(eps)
 
 
 def plot_curve(out: Path, evals: list[dict[str, Any]], cfg: TrainConfig) -> Path:
@@ -241,6 +282,22 @@ def plot_curve(out: Path, evals: list[dict[str, Any]], cfg: TrainConfig) -> Path
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def export(cfg: TrainConfig, out: Path, llm, trained, extractor, ext_learner, final: bool) -> None:
+    """The trained weights where ``eval.run`` loads them: ``adapters/actor`` (and ``adapters/extractor``)
+    after every step with LoRA; a whole model folder ``model/`` (and ``extractor_model/``) at the end
+    without it."""
+    from crl_agent.rl import export_weights
+
+    if cfg.lora_rank > 0:
+        export_weights(trained, out / "adapters" / "actor")
+        if ext_learner is not None:
+            export_weights(ext_learner.model, out / "adapters" / "extractor")
+    elif final:
+        export_weights(trained, out / "model", llm.tokenizer)
+        if ext_learner is not None:
+            export_weights(ext_learner.model, out / "extractor_model", extractor.tokenizer)
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
@@ -286,10 +343,10 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             evals.append(await evaluate(cfg, agent, 0))
             append_jsonl(out / "evals.jsonl", evals[-1])
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}", disable=quiet)
-        began = time.perf_counter()
+        began, eval_s = time.perf_counter(), 0.0  # the time budget counts training, not held-out evaluation
         for step in bar:
             last = step + 1 == cfg.steps or (cfg.time_budget_min > 0 and
-                                             time.perf_counter() - began > 60 * cfg.time_budget_min)
+                                             time.perf_counter() - began - eval_s > 60 * cfg.time_budget_min)
             t0 = time.perf_counter()
             # 1. rollout: `groups` seeds x K rollouts; crl: the first K/2 of each group without experience
             manager = getattr(agent, "manager", None)
@@ -300,15 +357,19 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             ctxs = [EpisodeContext(cfg.env, s, g, sample=k, with_experience=cfg.mode == "crl" and k >= half)
                     for g, s in enumerate(seeds) for k in range(cfg.group_size)]
             episodes = await play(cfg, agent, ctxs, explore=cfg.explore)
+            rollout_s = time.perf_counter() - t0
             kept = [(c, e) for c, e in zip(ctxs, episodes, strict=True) if e.error is None]
             # 2. advantages within each (seed, with/without experience) half
             rewards = [float(e.success) for _, e in kept]
             adv = split_group_advantages(rewards, [c.seed for c, _ in kept], [c.with_experience for c, _ in kept],
                                          scale=cfg.adv_scale).tolist() if kept else []
             # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
-            samples = turn_samples([e for _, e in kept], adv)
+            samples = turn_samples([e for _, e in kept], adv, cfg.turn_weight, cfg.turns_per_episode,
+                                   random.Random(cfg.seed * 1_000_003 + step))
+            t1 = time.perf_counter()
             metrics = await update(llm, learner, samples)
-            row = {"step": step + 1, "time_s": 0.0, "episodes": len(episodes), "errored": len(episodes) - len(kept),
+            row = {"step": step + 1, "time_s": 0.0, "rollout_s": rollout_s, "update_s": time.perf_counter() - t1,
+                   "samples": len(samples), "episodes": len(episodes), "errored": len(episodes) - len(kept),
                    "train_success": sum(rewards) / max(1, len(rewards)),
                    **{f"actor/{k}": v for k, v in metrics.items()}}
             if cfg.mode == "crl":
@@ -336,12 +397,17 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             bar.set_postfix(success=f"{row['train_success']:.2f}")
             # 5. held-out evaluation and an atomic checkpoint
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
+                t_eval = time.perf_counter()
                 evals.append(await evaluate(cfg, agent, step + 1))
+                done = time.perf_counter()
+                evals[-1].update(train_time_s=t_eval - began - eval_s, eval_time_s=done - t_eval)  # this session's
+                eval_s += done - t_eval
                 append_jsonl(out / "evals.jsonl", evals[-1])
             models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
             learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
             save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
                             learners=learners, extra={"evals": evals})
+            export(cfg, out, llm, trained, extractor, ext_learner, final=last)
             if last:
                 break
         plot_curve(out, evals, cfg)
@@ -381,7 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         for e in evals:
             print(json.dumps(e))
-        print(f"results in {args.out} (metrics.jsonl, evals.jsonl, checkpoint.pt, curve.png)")
+        print(f"results in {args.out} (metrics.jsonl, evals.jsonl, checkpoint.pt, curve.png, adapters/)")
+        if cfg.lora_rank > 0:
+            extra = (f" --agent-arg extractor_adapter={args.out}/adapters/extractor"
+                     f" --agent-arg bank=<a copy of {args.out}/experience_bank>") if cfg.mode == "crl" else ""
+            print(f"evaluate it: python -m eval.run --agent {'crl' if cfg.mode == 'crl' else 'llm'} --tasks {cfg.env} "
+                  f"--agent-arg adapter={args.out}/adapters/actor{extra}")
     return 0
 
 

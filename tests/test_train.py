@@ -62,3 +62,40 @@ def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny,
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     with pytest.raises(SystemExit, match="lr"):
         main([*args, "--steps", "3", "--resume", "--lr", "0.5"])
+    # held-out evaluation episodes (16 here) are never distilled: only the 2 x 4 training episodes are
+    calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
+    distilled = [c for c in calls if c.get("type") == "call" and c.get("kind") == "distil"]
+    assert 0 < len(distilled) <= 8, len(distilled)
+
+
+def test_exported_adapters_load_into_a_backend_and_reproduce_the_trained_policy(tiny, tmp_path):
+    from crl_agent.llm import make_llm
+    from crl_agent.rl import add_lora, load_checkpoint
+
+    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
+            "--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "0", "--lora-rank", "4",
+            "--lr", "0.05", "--steps", "3", "--score-norm", "mean"]
+    assert main(args) == 0
+    assert any(json.loads(x)["actor/updated"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    adapter = tmp_path / "adapters" / "actor"
+    assert (adapter / "adapter_config.json").is_file()
+    messages = [{"role": "user", "content": "Which door? red, blue, green or yellow"}]
+    doors = ["red", "blue", "green", "yellow"]
+
+    async def scores(llm):
+        try:
+            return (await llm.score_full(messages, doors)).logprobs
+        finally:
+            await llm.aclose()
+
+    trained = asyncio.run(scores(make_llm("transformers", tiny, dtype="float32", adapter=str(adapter))))
+    base = asyncio.run(scores(make_llm("transformers", tiny, dtype="float32")))
+    # the same weights rebuilt from the checkpoint (base + LoRA + saved adapter state), unmerged
+    ref = make_llm("transformers", tiny, dtype="float32")
+    model = add_lora(ref.model, r=4)
+    load_checkpoint(tmp_path / "checkpoint.pt", models={"actor": model})
+    expected = asyncio.run(scores(ref))
+    assert trained == pytest.approx(expected, abs=1e-3)
+    assert max(abs(a - b) for a, b in zip(trained, base, strict=True)) > 1e-3  # training changed the policy
+    with pytest.raises(Exception, match="adapter_config.json"):
+        make_llm("transformers", tiny, dtype="float32", adapter=str(tmp_path))

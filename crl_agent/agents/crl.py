@@ -168,11 +168,17 @@ class CRLAgent(LLMAgent):
         extractor_model: extractor model (default: share the actor's loaded model).
         extractor_backend: its backend (default: the actor's ``backend``).
         extractor: an already built extractor backend (not closed here); overrides ``extractor_model``.
+        extractor_adapter: a LoRA adapter folder for the extractor (e.g. ``<train run>/adapters/extractor``);
+            the extractor then loads its own copy of ``extractor_model`` (default: the actor's model)
+            with it, instead of sharing the actor's weights (and the actor's ``adapter``).
         run_dir: the eval run directory (the harness passes it): default bank and call-log location.
         embedder: bank embedder spec (``"minilm"``, ``"hash"``, a sentence-transformers model).
         k: entries shown at the start of an episode.
         max_tool_calls: searches allowed per episode.
         sync_experience: flush pending distillations before each episode's retrieval.
+        learning: distil finished episodes and credit the entries that guided them (default). The
+            trainer sets the attribute to False while it evaluates held-out seeds, so the bank and the
+            extractor's rewards never see them.
         manager_config: extra :class:`~crl_agent.experience.ManagerConfig` fields, e.g. ``{"merge_every": 10}``.
     """
 
@@ -189,6 +195,7 @@ class CRLAgent(LLMAgent):
         extractor_model: str | None = None,
         extractor_backend: str | None = None,
         extractor: LLM | None = None,
+        extractor_adapter: str | None = None,
         run_dir: str | None = None,
         embedder: str = "minilm",
         k: int = 4,
@@ -196,12 +203,15 @@ class CRLAgent(LLMAgent):
         sync_experience: bool = False,
         manager_config: dict[str, Any] | None = None,
         llm: LLM | None = None,
+        learning: bool = True,
         **kwargs: Any,
     ):
         if experience not in ("on", "off"):
             raise ValueError(f"experience must be 'on' or 'off', got {experience!r}")
         self.experience, self.k, self.sync_experience = experience, int(k), bool(sync_experience)
+        self.learning = bool(learning)
         self.extractor_model, self.embedder_spec = extractor_model, embedder
+        self.extractor_adapter = extractor_adapter
         self.bank: ExperienceBank | None = None
         self.manager: ExperienceManager | None = None
         self.extractor: LLM | None = None
@@ -223,6 +233,8 @@ class CRLAgent(LLMAgent):
         try:
             super().__init__(seed=seed, model=model, backend=backend, max_tool_calls=max_tool_calls, llm=llm, **kwargs)
             if self.bank is not None:
+                if extractor is None and extractor_adapter is not None and extractor_model is None:
+                    extractor_model = model if model is not None else self.llm.config().get("model_path")
                 self._start_experience(extractor, extractor_model, extractor_backend, backend, kwargs, manager_config,
                                        seed, run_dir)
         except BaseException:
@@ -245,7 +257,10 @@ class CRLAgent(LLMAgent):
             self.extractor = extractor
         elif extractor_model is not None:
             ext_backend = extractor_backend or backend
-            same = {k: v for k, v in kwargs.items() if k not in _POLICY_OPTIONS} if ext_backend == backend else {}
+            same = {k: v for k, v in kwargs.items() if k not in (*_POLICY_OPTIONS, "adapter")} \
+                if ext_backend == backend else {}
+            if self.extractor_adapter is not None:
+                same["adapter"] = self.extractor_adapter
             self.extractor = make_llm(ext_backend, extractor_model, **same)  # e.g. the same base_url
             self._owns_extractor = True
         else:
@@ -279,8 +294,8 @@ class CRLAgent(LLMAgent):
         if self.manager is None or self.bank is None:
             return
         episode.extra["bank_entries"] = len(self.bank)
-        if episode.error is not None:
-            return  # an env crash or timeout says nothing about the experience
+        if episode.error is not None or not self.learning:
+            return  # an env crash or timeout says nothing about the experience; a frozen bank learns nothing
         key = episode.key
         guided = policy.guided_by()
         self.manager.record_outcome(key, guided, episode.success, policy.ask_calls)
@@ -295,11 +310,13 @@ class CRLAgent(LLMAgent):
             "experience": self.experience,
             "bank": str(self.bank_path) if self.bank_path is not None and self._temp_bank is None else None,
             "extractor_model": self.extractor_model,
+            "extractor_adapter": self.extractor_adapter,
             "extractor": "actor" if self.extractor is self.llm else (self.extractor.config() if self.extractor else None),
             "embedder": self.embedder_spec if self.experience == "on" else None,
             "k": self.k,
             "max_tool_calls": self.max_tool_calls,
             "sync_experience": self.sync_experience,
+            "learning": self.learning,
         }
         if self.manager is not None:
             out["manager"] = {k: v for k, v in self.manager.config_dict().items() if k not in ("bank", "extractor")}

@@ -107,6 +107,22 @@ def validate_messages(messages: list[Message]) -> list[Message]:
     return out
 
 
+def load_adapter(model, path: Path):
+    """``model`` with the ``peft`` LoRA adapter in ``path`` merged into its weights."""
+    if not (path / "adapter_config.json").is_file():
+        raise LLMError(f"adapter={str(path)!r} is not a LoRA adapter folder (it has no adapter_config.json); "
+                       "the trainer writes one to <run>/adapters/actor")
+    try:
+        import peft
+    except ImportError as e:
+        raise LLMError('a LoRA adapter needs peft, part of the agent extra: pip install "crl-bench[agent]"') from e
+    try:
+        return peft.PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    except (ValueError, RuntimeError, KeyError) as e:
+        raise LLMError(f"adapter {path} does not fit this model ({type(e).__name__}: {str(e)[:300]}); "
+                       "was it trained on another base model?") from e
+
+
 class TransformersLLM(LLM):
     """A local Hugging Face causal LM behind the async :class:`LLM` interface.
 
@@ -121,6 +137,9 @@ class TransformersLLM(LLM):
         num_threads: ``torch.set_num_threads`` for CPU decoding (process-wide; default: torch's).
         seed: seeds requests that carry no ``SamplingParams.seed``, in submission order.
         prefix_cache_bytes: memory budget of the prefix KV cache; 0 turns it off.
+        adapter: a LoRA adapter folder saved by ``peft`` (``save_pretrained``; the trainer writes
+            ``adapters/actor`` and ``adapters/extractor`` in its run folder), merged into the weights
+            at load so inference runs at the base model's speed.
         score_chunk: most candidates per scoring request sent to the batcher.
         score_chunk_tokens: most candidate tokens per scoring request sent to the batcher.
         max_forward_tokens: rows x padded width of one scoring forward pass.
@@ -143,6 +162,7 @@ class TransformersLLM(LLM):
         score_chunk: int = 64,
         score_chunk_tokens: int = 1024,
         max_forward_tokens: int = 8192,
+        adapter: str | Path | None = None,
     ):
         torch, transformers = _import_torch()
         self._torch, self._transformers = torch, transformers
@@ -177,6 +197,9 @@ class TransformersLLM(LLM):
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
             self.model_path, config=config, dtype=getattr(torch, dtype)
         )
+        self.adapter = None if adapter is None else str(Path(adapter).expanduser().resolve())
+        if self.adapter is not None:
+            self.model = load_adapter(self.model, Path(self.adapter))
         self.model.to(device).eval()
         cfg_ctx = int(getattr(self.model.config, "max_position_embeddings", 0) or 4096)
         self.max_context = int(max_context or cfg_ctx)
@@ -433,6 +456,7 @@ class TransformersLLM(LLM):
             "model_path": str(self.model_path),
             "device": self.device,
             "dtype": self.dtype,
+            "adapter": self.adapter,
             "max_batch_size": self.max_batch_size,
             "max_context": self.max_context,
             "prefix_cache_bytes": self.prefix_cache.max_bytes,

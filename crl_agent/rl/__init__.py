@@ -45,6 +45,7 @@ _EXPORTS = {
     "OutOfMemory": "learner",
     "add_lora": "lora",
     "is_lora": "lora",
+    "export_weights": "lora",
     "trainable_state_dict": "lora",
     "load_trainable_state_dict": "lora",
     "save_checkpoint": "checkpoint",

@@ -12,7 +12,10 @@ weights would silently fight.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -88,3 +91,31 @@ def load_trainable_state_dict(model: torch.nn.Module, state: dict[str, torch.Ten
             f"checkpoint does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]} "
             "(a LoRA checkpoint into a full model, or the reverse?)"
         )
+
+
+def export_weights(model: torch.nn.Module, path: str | Path, tokenizer=None) -> Path:
+    """Write what training produced where a backend can load it, atomically (a temp folder, then a rename).
+
+    A LoRA model writes its adapter (``peft``'s ``save_pretrained``: ``adapter_config.json`` and the
+    weights), loadable with ``adapter=`` (``--agent-arg adapter=PATH`` in ``eval.run``); a fully
+    trained model writes a complete model folder (with ``tokenizer``), loadable with ``--model PATH``.
+    A reader never sees a half-written folder: the previous export stays until the new one is whole.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None and not is_lora(model):
+            tokenizer.save_pretrained(tmp)
+        old = path.with_name(f".{path.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
