@@ -99,3 +99,32 @@ def test_exported_adapters_load_into_a_backend_and_reproduce_the_trained_policy(
     assert max(abs(a - b) for a, b in zip(trained, base, strict=True)) > 1e-3  # training changed the policy
     with pytest.raises(Exception, match="adapter_config.json"):
         make_llm("transformers", tiny, dtype="float32", adapter=str(tmp_path))
+
+
+def _episode(turns: int):
+    from crl_agent.rollout import Episode, Step
+
+    turn = {"method": "score", "prompt_token_ids": [1, 2], "action_logprob": -1.0, "candidate_token_ids": [[3], [4]],
+            "chosen": 0, "temperature": 1.0, "score_norm": "sum"}
+    steps = [Step(t, "obs", ["a", "b"], "a", 0.0, True, False, False, False, 0.0, turn=dict(turn)) for t in range(turns)]
+    return Episode("test/Doors-v0", 0, steps=steps)
+
+
+def test_turn_samples_weigh_episodes_equally_or_turns_equally_and_subsample_without_bias():
+    import random
+
+    from crl_agent.train import turn_samples
+
+    eps, adv = [_episode(1), _episode(3)], [1.0, -1.0]
+    # the learner averages the rows: (1/4) * sum(row advantages) must be each weighting's loss coefficient sum
+    by_episode = [s.advantage for s in turn_samples(eps, adv, "episode")]
+    assert by_episode == pytest.approx([2.0, -2 / 3, -2 / 3, -2 / 3])  # each episode: 1/2 of the loss, split by turns
+    by_turn = [s.advantage for s in turn_samples(eps, adv, "turn")]
+    assert by_turn == pytest.approx([1.0, -1.0, -1.0, -1.0])  # every turn the same: the long episode dominates
+    # 2 of 3 turns kept from the long episode: each kept turn carries 1/2 of that episode's half
+    sub = turn_samples(eps, adv, "episode", per_episode=2, rng=random.Random(0))
+    assert [s.advantage for s in sub] == pytest.approx([1.5, -0.75, -0.75])  # rows = 3: 3 * 1/2 * 1/1, 3 * 1/2 * 1/2
+    sub = turn_samples(eps, adv, "turn", per_episode=2, rng=random.Random(0))
+    assert sum(s.advantage for s in sub) / len(sub) == pytest.approx((1.0 - 3.0) / 4)  # unbiased for the turn mean
+    with pytest.raises(ValueError, match="turn weighting"):
+        turn_samples(eps, adv, "token")
