@@ -300,6 +300,21 @@ def export(cfg: TrainConfig, out: Path, llm, trained, extractor, ext_learner, fi
             export_weights(ext_learner.model, out / "extractor_model", extractor.tokenizer)
 
 
+def rewrite_jsonl(path: Path, keep) -> None:
+    """Keep the rows of ``path`` for which ``keep(row)`` holds (a torn last line is dropped); atomic."""
+    if not path.exists():
+        return
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows if keep(r)), encoding="utf-8")
+    tmp.replace(path)
+
+
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
@@ -336,6 +351,9 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
         llm.set_policy_version(learner.version)  # samples are stamped with the learner's version
         if extractor is not None:
             extractor.set_policy_version(ext_learner.version)
+    # a run killed after writing a step's rows but before its checkpoint redoes that step: drop those rows
+    rewrite_jsonl(out / "metrics.jsonl", lambda row: row.get("step", 0) <= start)
+    rewrite_jsonl(out / "evals.jsonl", lambda row: row in evals)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     half = cfg.group_size // 2
     try:

@@ -128,3 +128,53 @@ def test_turn_samples_weigh_episodes_equally_or_turns_equally_and_subsample_with
     assert sum(s.advantage for s in sub) / len(sub) == pytest.approx((1.0 - 3.0) / 4)  # unbiased for the turn mean
     with pytest.raises(ValueError, match="turn weighting"):
         turn_samples(eps, adv, "token")
+
+
+def test_a_trainer_killed_at_a_random_point_reopens_consistent_and_resumes(tiny, tmp_path):
+    """kill -9 during a crl run: the checkpoint, the bank and the call log reopen; --resume finishes the run
+    and the metrics hold each step once."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from crl_agent.experience import ExperienceBank
+    from crl_agent.experience.calllog import read_records
+    from crl_agent.rl import load_checkpoint
+
+    out = tmp_path / "run"
+    args = ["--out", str(out), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+            "--groups", "2", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "3", "--embedder", "hash",
+            "--extractor-warmup", "1", "--extractor-batch", "2", "--lora-rank", "4", "--score-norm", "mean",
+            "--distil-max-tokens", "24", "--threads", "1"]
+    script = ("import sys, gymnasium as gym; gym.register(sys.argv[1], entry_point='tests.test_rl_bandit:DoorEnv', "
+              "max_episode_steps=1); from crl_agent.train import main; sys.exit(main(sys.argv[2:]))")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-c", script, DOORS, *args, "--steps", "200"], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (out / "checkpoint.pt").exists(), "no checkpoint within 120 s"
+        time.sleep(random.Random(os.getpid()).uniform(0.0, 2.0))  # anywhere in a later step
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ck = load_checkpoint(out / "checkpoint.pt")
+    assert ck.step >= 1
+    ExperienceBank(out / "experience_bank", embedder="hash").close()  # the dead process's lock is gone
+    read_records(out / "extractor_calls.jsonl")  # a torn last line is skipped, not an error
+    assert main([*args, "--steps", str(ck.step + 2), "--resume"]) == 0
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, ck.step + 3)), steps
+    evals = [json.loads(x)["step"] for x in (out / "evals.jsonl").read_text().splitlines()]
+    assert evals == sorted(set(evals)) and evals[-1] == ck.step + 2
+    ExperienceBank(out / "experience_bank", embedder="hash").close()  # and the resumed run released it
