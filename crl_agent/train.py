@@ -48,11 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from crl_agent.agents.base import EpisodeContext
+from crl_agent.llm.base import LLMError
 from crl_agent.rollout import Episode, PoolSlot, run_episode
 
 MODES = ("grpo", "crl")
 RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads")
-TURN_WEIGHTINGS = ("episode", "turn")  # a resumed run may train for longer; anything else must match
+TURN_WEIGHTINGS = ("episode", "turn")
+BACKENDS = ("transformers", "vllm")  # a resumed run may train for longer; anything else must match
 
 
 @dataclass
@@ -62,7 +64,9 @@ class TrainConfig:
     env: str = "crl/MiniHack-Room-Random-5x5-Short-v0"  # the task trained on
     mode: str = "grpo"  # grpo: outcome-only GRPO; crl: Complementary RL (actor + extractor + bank)
     model: str | None = None  # a local causal LM directory (default: the embedded SmolLM2-135M-Instruct)
-    device: str = "cpu"
+    device: str = "cpu"  # where the learner trains (and the transformers backend generates): cpu, cuda, cuda:1
+    backend: str = "transformers"  # actor rollouts: transformers (shares the learner's weights) or vllm (GPU)
+    vllm_memory: float = 0.5  # --backend vllm: the engine's gpu_memory_utilization (the learner needs the rest)
     dtype: str | None = None  # default: bf16 where the CPU has fast bf16, else fp32
     threads: int = 0  # torch CPU threads (0: torch's default)
     steps: int = 30  # training steps (rollout + update)
@@ -99,6 +103,10 @@ class TrainConfig:
             raise ValueError(f"--mode must be one of {MODES}, got {self.mode!r}")
         if self.group_size < 2 or (self.mode == "crl" and self.group_size % 2):
             raise ValueError("--group-size must be >= 2 (and even in crl mode: half without experience, half with)")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend must be one of {BACKENDS}")
+        if self.backend == "vllm" and self.lora_rank < 1:
+            raise ValueError("--backend vllm syncs the actor's weights as a LoRA adapter: use --lora-rank >= 1")
         if self.adv_scale not in ("mean", "mean_std"):
             raise ValueError("--adv-scale must be 'mean' or 'mean_std'")
         if self.turn_weight not in TURN_WEIGHTINGS:
@@ -121,8 +129,22 @@ def build(cfg: TrainConfig, out: Path):
     from crl_agent.rl import PolicyLearner, add_lora
 
     threads = {"num_threads": cfg.threads} if cfg.threads > 0 else {}
-    llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)
-    trained = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: inference shares it
+    if cfg.backend == "vllm":
+        # vLLM generates on the GPU; the learner trains its own LoRA copy of the model, and after each
+        # update the adapter is exported and loaded into the engine under a new id (see `update`)
+        import torch
+        import transformers
+
+        from crl_agent.llm.models import resolve_model_path
+
+        path = str(resolve_model_path(cfg.model)[0])
+        llm = make_llm("vllm", path, seed=cfg.seed, enable_lora=True, max_lora_rank=cfg.lora_rank,
+                       gpu_memory_utilization=cfg.vllm_memory)
+        base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype or "bfloat16"))
+        trained = add_lora(base.to(cfg.device), r=cfg.lora_rank)
+    else:
+        llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)
+        trained = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: shared
     learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget)
     opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed,
                 history=cfg.history)
@@ -167,6 +189,18 @@ async def play(cfg: TrainConfig, agent, episodes: list[EpisodeContext], explore:
         pool.close()
 
 
+def rollout_tokens(episodes: list[Episode]) -> int:
+    """Tokens the actor processed in these episodes: each turn's prompt plus its candidates or reply."""
+    total = 0
+    for ep in episodes:
+        for step in ep.steps:
+            turn = step.turn or {}
+            total += len(turn.get("prompt_token_ids") or ())
+            total += sum(len(c) for c in turn.get("candidate_token_ids") or ())
+            total += len(turn.get("token_ids") or ())
+    return total
+
+
 def turn_samples(episodes: list[Episode], advantages: list[float], weighting: str = "episode",
                  per_episode: int = 0, rng: random.Random | None = None):
     """One :class:`TurnSample` per scored turn, carrying its episode's advantage, scaled so that the
@@ -207,13 +241,26 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
     return samples
 
 
-async def update(llm, learner, samples) -> dict[str, float]:
-    """One learner update on the backend's own thread between batches (no generation runs meanwhile);
-    the backend's policy version then equals the learner's and its stale prefix cache is dropped."""
+async def update(llm, learner, samples, sync_dir: Path | None = None) -> dict[str, float]:
+    """One learner update; then the backend serves the new weights, stamped with the learner's version.
+
+    The transformers backend shares the learner's weights: the update runs on the backend's own thread
+    between batches (no generation meanwhile) and its stale prefix cache is dropped. Other backends
+    (vLLM) get the adapter exported to ``sync_dir`` and loaded under a new id.
+    """
     metrics: dict[str, float] = {}
-    if samples:
+    if not samples:
+        return metrics
+    if hasattr(llm, "update_weights"):
         await llm.update_weights(lambda _model: metrics.update(learner.update(samples)))
         llm.set_policy_version(learner.version)
+    else:
+        from crl_agent.rl import export_weights
+
+        metrics.update(await asyncio.to_thread(learner.update, samples))
+        if metrics.get("updated"):
+            export_weights(learner.model, sync_dir)
+            llm.load_adapter(str(sync_dir), version=learner.version)
     return metrics
 
 
@@ -349,6 +396,10 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
         ck = load_checkpoint(ckpt_path, models=models, learners=learners)
         start, evals = ck.step, ck.extra.get("evals", [])
         llm.set_policy_version(learner.version)  # samples are stamped with the learner's version
+        if not hasattr(llm, "update_weights") and learner.version:  # vLLM: serve the restored adapter
+            from crl_agent.rl import export_weights
+
+            llm.load_adapter(str(export_weights(trained, out / "adapters" / "actor")), version=learner.version)
         if extractor is not None:
             extractor.set_policy_version(ext_learner.version)
     # a run killed after writing a step's rows but before its checkpoint redoes that step: drop those rows
@@ -385,8 +436,10 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             samples = turn_samples([e for _, e in kept], adv, cfg.turn_weight, cfg.turns_per_episode,
                                    random.Random(cfg.seed * 1_000_003 + step))
             t1 = time.perf_counter()
-            metrics = await update(llm, learner, samples)
+            metrics = await update(llm, learner, samples, out / "adapters" / "actor")
+            tokens = rollout_tokens(episodes)
             row = {"step": step + 1, "time_s": 0.0, "rollout_s": rollout_s, "update_s": time.perf_counter() - t1,
+                   "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
                    "samples": len(samples), "episodes": len(episodes), "errored": len(episodes) - len(kept),
                    "train_success": sum(rewards) / max(1, len(rewards)),
                    **{f"actor/{k}": v for k, v in metrics.items()}}
@@ -456,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg.check()
         evals = asyncio.run(train(cfg, args.out, resume=args.resume, quiet=args.quiet))
-    except ValueError as e:
+    except (ValueError, LLMError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     except KeyboardInterrupt:
         print(f"\n{parser.prog}: interrupted; rerun with --resume to continue from the last checkpoint",

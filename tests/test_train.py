@@ -178,3 +178,35 @@ def test_a_trainer_killed_at_a_random_point_reopens_consistent_and_resumes(tiny,
     evals = [json.loads(x)["step"] for x in (out / "evals.jsonl").read_text().splitlines()]
     assert evals == sorted(set(evals)) and evals[-1] == ck.step + 2
     ExperienceBank(out / "experience_bank", embedder="hash").close()  # and the resumed run released it
+
+
+class _ServedElsewhere:
+    """A backend that does not share the learner's weights (as vLLM): it only gets adapter folders."""
+
+    def __init__(self):
+        self.loaded: list[tuple[str, int | None, list[str]]] = []
+
+    def load_adapter(self, path, version=None):
+        import os
+
+        self.loaded.append((path, version, sorted(os.listdir(path))))
+
+
+def test_a_backend_that_does_not_share_the_weights_gets_each_update_as_an_exported_adapter(tiny, tmp_path):
+    from crl_agent.llm import make_llm
+    from crl_agent.rl import PolicyLearner, TurnSample, add_lora
+    from crl_agent.train import update
+
+    llm = make_llm("transformers", tiny, dtype="float32")
+    learner = PolicyLearner(add_lora(llm.model, r=4), lr=1e-2)
+    ids = llm.render([{"role": "user", "content": "pick"}])
+    cands = [llm.candidate_ids(c) for c in ("red", "blue")]
+    samples = [TurnSample(prompt_ids=ids, advantage=a, old_logprobs=[-0.7], candidate_ids=cands, chosen=k)
+               for k, a in ((0, 1.0), (1, -1.0))]
+    served = _ServedElsewhere()
+    metrics = asyncio.run(update(served, learner, samples, tmp_path / "sync"))
+    assert metrics["updated"] == 1 and learner.version == 1
+    assert served.loaded == [(str(tmp_path / "sync"), 1, served.loaded[0][2])]
+    assert "adapter_config.json" in served.loaded[0][2]
+    assert asyncio.run(update(served, learner, [], tmp_path / "sync")) == {} and len(served.loaded) == 1
+    asyncio.run(llm.aclose())

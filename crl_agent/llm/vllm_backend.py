@@ -17,7 +17,9 @@ computed once. (Written against vLLM's documented API; tested only where a GPU i
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from crl_agent.llm.base import (
@@ -52,6 +54,13 @@ def vllm_available() -> tuple[bool, str]:
     return True, ""
 
 
+def _adapter_rank(path: str) -> int:
+    try:
+        return int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
+    except (OSError, ValueError, KeyError) as e:
+        raise LLMError(f"adapter={path!r} is not a LoRA adapter folder with an adapter_config.json ({e})") from None
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -72,6 +81,9 @@ class VLLMLLM(LLM):
         seed: engine seed; requests without ``SamplingParams.seed`` draw from its stream.
         max_batch_size: most requests per ``generate`` call.
         batch_wait_ms: how long the batcher keeps collecting after the first request.
+        adapter: a LoRA adapter folder (``peft`` format) applied to every request; turns on the engine's
+            LoRA support (``enable_lora``, ``max_lora_rank`` from the adapter's config).
+            :meth:`load_adapter` swaps it (the trainer's weight sync).
         **engine_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization=0.5``,
             ``max_model_len=8192``, ``tensor_parallel_size=2``).
     """
@@ -85,6 +97,7 @@ class VLLMLLM(LLM):
         seed: int = 0,
         max_batch_size: int = 256,
         batch_wait_ms: float = 10.0,
+        adapter: str | None = None,
         **engine_kwargs: Any,
     ):
         ok, why = vllm_available()
@@ -97,12 +110,37 @@ class VLLMLLM(LLM):
         self._vllm = vllm
         self.model_name = str(model)
         self.engine_kwargs = dict(engine_kwargs)
+        self._lora: Any = None
+        self._lora_ids = 0
+        if adapter is not None:
+            self.engine_kwargs.setdefault("enable_lora", True)
+            self.engine_kwargs.setdefault("max_lora_rank", _adapter_rank(adapter))
+        engine_kwargs = self.engine_kwargs
         self.engine = vllm.LLM(model=self.model_name, seed=seed, **engine_kwargs)
         self.tokenizer = self.engine.get_tokenizer()
         self.end_of_turn_ids = find_end_of_turn(self.tokenizer, set())
         self._batcher: RequestBatcher[_Request | _ScoreRequest, Any] = RequestBatcher(
             self._generate_batch, max_batch_size=max_batch_size, max_wait_s=batch_wait_ms / 1000, thread_name="vllm"
         )
+        if adapter is not None:
+            self.load_adapter(adapter)
+
+    def load_adapter(self, path: str, version: int | None = None) -> None:
+        """Serve the LoRA adapter in ``path`` from now on (e.g. the one a trainer just exported), optionally
+        stamping completions with policy ``version``. Each call registers the adapter under a new id, so
+        vLLM loads the new weights instead of its cached copy of an older adapter; the prefix cache is reset.
+        Call it between batches (a batch in flight keeps the adapter it started with)."""
+        if not self.engine_kwargs.get("enable_lora"):
+            raise LLMError("this engine was built without LoRA support: pass adapter=... (or enable_lora=True, "
+                           "max_lora_rank=R) when creating the vllm backend")
+        from vllm.lora.request import LoRARequest
+
+        self._lora_ids += 1
+        self._lora = LoRARequest(f"adapter-{self._lora_ids}", self._lora_ids, str(path))
+        if version is None:
+            self._weights_changed()
+        else:
+            self.set_policy_version(version)
 
     async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
         params = check_sampling_params(params or SamplingParams())  # a bad request must not fail its batch
@@ -150,7 +188,7 @@ class VLLMLLM(LLM):
         gen_reqs = [r for r in reqs if isinstance(r, _Request)]
         outputs = self.engine.generate(
             prompts + [{"prompt_token_ids": r.prompt_ids} for r in gen_reqs],
-            sampling + self._sampling(gen_reqs), use_tqdm=False,
+            sampling + self._sampling(gen_reqs), use_tqdm=False, lora_request=self._lora,
         ) if prompts or gen_reqs else []
         scored: dict[int, list[list[float]]] = {}
         for i, out, prompt in zip(owner, outputs[: len(prompts)], prompts, strict=True):
@@ -200,7 +238,8 @@ class VLLMLLM(LLM):
 
     def config(self) -> dict[str, Any]:
         safe = {k: v for k, v in self.engine_kwargs.items() if isinstance(v, (str, int, float, bool))}
-        return {"backend": self.name, "model": self.model_name, **safe}
+        adapter = self._lora.lora_path if self._lora is not None else None
+        return {"backend": self.name, "model": self.model_name, "adapter": adapter, **safe}
 
     async def aclose(self) -> None:
         await self._batcher.aclose()
