@@ -362,6 +362,24 @@ def rewrite_jsonl(path: Path, keep) -> None:
     tmp.replace(path)
 
 
+def eval_command(cfg: TrainConfig, out: Path) -> str:
+    """The ``eval.run`` command that plays the trained adapter(s) as trained (same prompt options)."""
+    agent = "crl" if cfg.mode == "crl" else "llm"
+    opts = {"adapter": out / "adapters" / "actor", "history": cfg.history, "temperature": cfg.temperature,
+            "score_norm": cfg.score_norm, "action_mode": "score"}
+    if cfg.mode == "crl":
+        opts["extractor_adapter"] = out / "adapters" / "extractor"
+    cmd = [f"python -m eval.run --agent {agent} --tasks {cfg.env} --episodes {cfg.eval_episodes} --seed {cfg.eval_seed}",
+           *(f"--agent-arg {k}={v}" for k, v in opts.items())]
+    if cfg.model:
+        cmd.append(f"--model {cfg.model}")
+    if cfg.max_steps:
+        cmd.append(f"--max-steps {cfg.max_steps}")
+    if cfg.mode == "crl":
+        cmd.append(f"--bank <a copy of {out / 'experience_bank'}>")
+    return " ".join(cmd)
+
+
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
@@ -520,10 +538,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(e))
         print(f"results in {args.out} (metrics.jsonl, evals.jsonl, checkpoint.pt, curve.png, adapters/)")
         if cfg.lora_rank > 0:
-            extra = (f" --agent-arg extractor_adapter={args.out}/adapters/extractor"
-                     f" --agent-arg bank=<a copy of {args.out}/experience_bank>") if cfg.mode == "crl" else ""
-            print(f"evaluate it: python -m eval.run --agent {'crl' if cfg.mode == 'crl' else 'llm'} --tasks {cfg.env} "
-                  f"--agent-arg adapter={args.out}/adapters/actor{extra}")
+            print("evaluate it with the prompt options it was trained with:\n  " + eval_command(cfg, args.out))
     return 0
 
 
