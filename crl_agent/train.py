@@ -380,6 +380,32 @@ def eval_command(cfg: TrainConfig, out: Path) -> str:
     return " ".join(cmd)
 
 
+class Scalars:
+    """TensorBoard scalars in ``<out>/tb`` (every number of each metrics and eval row), if tensorboard is installed."""
+
+    def __init__(self, out: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # the agent extra installs it; without it, metrics.jsonl still has everything
+            self.writer = None
+            print("crl_agent.train: tensorboard is not installed, so no TensorBoard scalars "
+                  '(pip install "crl-bench[agent]"); metrics.jsonl has them all', file=sys.stderr)
+        else:
+            self.writer = SummaryWriter(str(out / "tb"))
+
+    def add(self, row: dict[str, Any], prefix: str = "") -> None:
+        if self.writer is None:
+            return
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self.writer.add_scalar(prefix + key, value, int(row["step"]))
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
@@ -425,10 +451,12 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
     rewrite_jsonl(out / "evals.jsonl", lambda row: row in evals)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     half = cfg.group_size // 2
+    scalars = Scalars(out)
     try:
         if not evals:
             evals.append(await evaluate(cfg, agent, 0))
             append_jsonl(out / "evals.jsonl", evals[-1])
+            scalars.add(evals[-1], "heldout/")
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}", disable=quiet)
         began, eval_s = time.perf_counter(), 0.0  # the time budget counts training, not held-out evaluation
         for step in bar:
@@ -483,6 +511,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                         row["extractor/reward"] = sum(s.reward for s in used) / len(used)
             row["time_s"] = time.perf_counter() - t0
             append_jsonl(out / "metrics.jsonl", row)
+            scalars.add(row, "train/")
             bar.set_postfix(success=f"{row['train_success']:.2f}")
             # 5. held-out evaluation and an atomic checkpoint
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
@@ -491,6 +520,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                 done = time.perf_counter()
                 evals[-1].update(train_time_s=t_eval - began - eval_s, eval_time_s=done - t_eval)  # this session's
                 eval_s += done - t_eval
+                scalars.add(evals[-1], "heldout/")
                 append_jsonl(out / "evals.jsonl", evals[-1])
             models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
             learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
@@ -501,6 +531,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                 break
         plot_curve(out, evals, cfg)
     finally:
+        scalars.close()
         await agent.aclose()
         if extractor is not None:
             await extractor.aclose()

@@ -55,6 +55,11 @@ def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny,
     evals = [json.loads(x) for x in (tmp_path / "evals.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 1] and "with_experience" in evals[-1]
     assert (tmp_path / "checkpoint.pt").exists() and (tmp_path / "extractor_calls.jsonl").exists()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = EventAccumulator(str(tmp_path / "tb")).Reload().Tags()["scalars"]
+    assert {"train/train_success", "train/actor/clip_fraction", "train/bank_entries", "heldout/success",
+            "heldout/with_experience"} <= set(tags), tags
     # resume continues from the checkpoint (a run may be extended); another config is refused, naming the field
     with pytest.raises(SystemExit, match="exists"):
         main([*args, "--steps", "2"])
