@@ -58,20 +58,38 @@ def run_one(mode: str, seed: int, minutes: float, out: Path, settings: dict, thr
     t0 = time.perf_counter()
     with (out / "log.txt").open("a") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    evals = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()] if (out / "evals.jsonl").exists() else []
-    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] \
-        if (out / "metrics.jsonl").exists() else []
-    row = {"mode": mode, "seed": seed, "returncode": proc.returncode, "wall_s": time.perf_counter() - t0,
-           "train_steps": len(metrics), "evals": evals}
+    return {**summarise(mode, seed, out), "returncode": proc.returncode, "wall_s": time.perf_counter() - t0}
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def summarise(mode: str, seed: int, out: Path) -> dict:
+    """One run's result from its folder: held-out evaluations, training time, extractor statistics."""
+    evals, metrics = _rows(out / "evals.jsonl"), _rows(out / "metrics.jsonl")
+    row = {"mode": mode, "seed": seed, "run": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out),
+           "train_steps": len(metrics), "train_minutes": sum(m["time_s"] for m in metrics) / 60,
+           "step_s_median": sorted(m["time_s"] for m in metrics)[len(metrics) // 2] if metrics else None,
+           "train_success": [m["train_success"] for m in metrics], "evals": evals}
     if evals:
         row["before"], row["after"] = evals[0]["success"], evals[-1]["success"]
         row["gain_points"] = 100 * (row["after"] - row["before"])
+        # two independent binomial estimates: the gain's standard error
+        row["gain_se_points"] = 100 * (evals[0]["success_se"] ** 2 + evals[-1]["success_se"] ** 2) ** 0.5
         if "with_experience" in evals[-1]:
+            row["before_with_experience"] = evals[0]["with_experience"]
             row["after_with_experience"] = evals[-1]["with_experience"]
     if metrics and mode == "crl":
-        row["extractor"] = {k: metrics[-1].get(k) for k in ("extractor/distillations", "extractor/valid_ops",
-                                                              "extractor/malformed", "bank_entries")}
-        row["extractor_reward"] = [m.get("extractor/reward") for m in metrics if "extractor/reward" in m]
+        last = metrics[-1]
+        valid, bad = last.get("extractor/valid_ops", 0), last.get("extractor/malformed", 0)
+        row["extractor"] = {
+            "distillations": last.get("extractor/distillations"), "valid_ops": valid, "malformed": bad,
+            "valid_operation_rate": valid / (valid + bad) if valid + bad else None,
+            "bank_entries": last.get("bank_entries"),
+            "updates": sum(1 for m in metrics if m.get("extractor/updated")),
+        }
+        row["extractor_reward"] = [(m["step"], m["extractor/reward"]) for m in metrics if "extractor/reward" in m]
     return row
 
 
@@ -83,13 +101,13 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
-        pts = [(e["step"], 100 * e["success"]) for e in r["evals"]]
+        pts = [(e.get("train_time_s", 0.0) / 60, 100 * e["success"]) for e in r["evals"]]
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", label=f"{r['mode']} seed {r['seed']} (w/o exp.)")
-        exp = [(e["step"], 100 * e["with_experience"]) for e in r["evals"] if "with_experience" in e]
+        exp = [(e.get("train_time_s", 0.0) / 60, 100 * e["with_experience"]) for e in r["evals"] if "with_experience" in e]
         if exp:
             ax.plot(*zip(*exp, strict=True), marker="x", linestyle="--", label=f"{r['mode']} seed {r['seed']} (with exp.)")
-    ax.set_xlabel("training step")
+    ax.set_xlabel("training minutes (2 cores shared by 2 runs; evaluations not counted)")
     ax.set_ylabel("held-out success % (64 seeds, temperature 1)")
     ax.set_title(f"SmolLM2-135M on {SETTINGS['env']} (CPU)")
     ax.set_ylim(-2, 102)
@@ -107,13 +125,17 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=30.0, help="training budget per run (evaluations excluded)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "train_cpu", help="run folders (resumed if present)")
+    p.add_argument("--report", action="store_true", help="only rebuild the results from the run folders in --work")
     args = p.parse_args()
     # seed-major, so with --jobs 2 each mode's runs share the machine with the other mode's
     jobs = [(m, int(s)) for s in args.seeds.split(",") for m in args.modes.split(",")]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        threads = max(1, (os.cpu_count() or 2) // args.jobs)
-        rows = list(pool.map(lambda j: run_one(j[0], j[1], args.minutes, args.work / f"{j[0]}-seed{j[1]}", SETTINGS,
-                                               threads), jobs))
+    if args.report:
+        rows = [summarise(m, s, args.work / f"{m}-seed{s}") for m, s in jobs]
+    else:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            threads = max(1, (os.cpu_count() or 2) // args.jobs)
+            rows = list(pool.map(lambda j: run_one(j[0], j[1], args.minutes, args.work / f"{j[0]}-seed{j[1]}",
+                                                   SETTINGS, threads), jobs))
     RESULTS.mkdir(parents=True, exist_ok=True)
     verdict = {r["mode"]: [] for r in rows}
     for r in rows:
@@ -122,10 +144,17 @@ def main() -> None:
            "runs": rows, "learned (>= +15 points held-out)": verdict}
     (RESULTS / "train_cpu.json").write_text(json.dumps(out, indent=2) + "\n")
     plot(rows, RESULTS / "train_cpu.png")
-    print(f"{'mode':6s} {'seed':>4s} {'steps':>5s} {'before':>7s} {'after':>7s} {'gain':>6s}")
+    print(f"{'mode':6s} {'seed':>4s} {'steps':>5s} {'minutes':>7s} {'before':>7s} {'after':>7s} {'gain':>13s} "
+          f"{'with experience':>16s}")
+    nan = float("nan")
     for r in rows:
-        print(f"{r['mode']:6s} {r['seed']:4d} {r['train_steps']:5d} {100 * r.get('before', float('nan')):6.1f}% "
-              f"{100 * r.get('after', float('nan')):6.1f}% {r.get('gain_points', float('nan')):+6.1f}")
+        wexp = (f"{100 * r['before_with_experience']:5.1f}% -> {100 * r['after_with_experience']:5.1f}%"
+                if "after_with_experience" in r else "")
+        print(f"{r['mode']:6s} {r['seed']:4d} {r['train_steps']:5d} {r['train_minutes']:7.1f} "
+              f"{100 * r.get('before', nan):6.1f}% {100 * r.get('after', nan):6.1f}% "
+              f"{r.get('gain_points', nan):+6.1f} +- {r.get('gain_se_points', nan):4.1f} {wexp:>16s}")
+        if r.get("extractor"):
+            print(f"       extractor: {r['extractor']}, reward by step {r['extractor_reward']}")
     print(f"wrote {RESULTS / 'train_cpu.json'} and {RESULTS / 'train_cpu.png'}")
 
 
