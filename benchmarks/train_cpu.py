@@ -28,8 +28,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # DESIGN section 9's prototype (which learned a fixed room in ~15 minutes), on a room whose layout varies
 # by seed: on-policy (the untrained policy already wins ~20% here, so groups hold wins and losses),
-# 2 seeds x 8 rollouts a step (crl: 4 without experience + 4 with), 4 random turns of each episode
-# per update (unbiased, a quarter of the cost), each episode weighing the same.
+# 2 seeds x 8 rollouts a step (crl: 4 without experience + 4 with), 2 random turns of each episode
+# per update (unbiased, a fraction of the cost), each episode weighing the same.
 SETTINGS = {
     "env": "crl/MiniHack-Room-Random-5x5-Short-v0",
     "groups": 2,
@@ -39,7 +39,7 @@ SETTINGS = {
     "lora-rank": 16,
     "history": 2,
     "turn-weight": "episode",
-    "turns-per-episode": 4,
+    "turns-per-episode": 2,
     "distil-max-tokens": 128,
     "distil-chars": 2000,
     "eval-every": 8,

@@ -83,7 +83,8 @@ class TrainConfig:
     adv_scale: str = "mean"  # "mean" (official code) or "mean_std" (the paper's text)
     turn_weight: str = "episode"  # episode: each episode weighs the same (one sequence of decisions); turn: each turn
     turns_per_episode: int = 0  # >0: train on a random subset of this many turns per episode (unbiased, cheaper)
-    token_budget: int = 8192  # padded tokens per micro-batch
+    token_budget: int = 2048  # padded tokens per micro-batch: SmolLM2-135M keeps ~1.8 MB of activations a token
+    # for the backward pass (8192 tokens peaked at ~16 GB of RAM; a CPU OOM kills the process, it raises nothing)
     extractor_lr: float = 1e-4
     extractor_batch: int = 64  # calls with a meta-reward needed for one extractor update
     extractor_warmup: int = 5  # steps before the extractor trains
@@ -427,7 +428,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
         raise SystemExit(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
     torch.manual_seed(cfg.seed)
     llm, trained, learner, agent, extractor, ext_learner = build(cfg, out)
-    start, evals = 0, []
+    start, evals, trained_before = 0, [], 0.0  # trained_before: training seconds of earlier sessions of this run
     if resume and ckpt_path.exists():
         saved = torch.load(ckpt_path, weights_only=False, map_location="cpu")["config"]  # what the weights came from
         resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
@@ -439,6 +440,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
         learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
         ck = load_checkpoint(ckpt_path, models=models, learners=learners)
         start, evals = ck.step, ck.extra.get("evals", [])
+        trained_before = float(ck.extra.get("train_time_s", 0.0))
         llm.set_policy_version(learner.version)  # samples are stamped with the learner's version
         if not hasattr(llm, "update_weights") and learner.version:  # vLLM: serve the restored adapter
             from crl_agent.rl import export_weights
@@ -459,9 +461,12 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             scalars.add(evals[-1], "heldout/")
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}", disable=quiet)
         began, eval_s = time.perf_counter(), 0.0  # the time budget counts training, not held-out evaluation
+
+        def trained_s() -> float:  # over every session of this run (a resumed run continues its budget)
+            return trained_before + time.perf_counter() - began - eval_s
+
         for step in bar:
-            last = step + 1 == cfg.steps or (cfg.time_budget_min > 0 and
-                                             time.perf_counter() - began - eval_s > 60 * cfg.time_budget_min)
+            last = step + 1 == cfg.steps or (cfg.time_budget_min > 0 and trained_s() > 60 * cfg.time_budget_min)
             t0 = time.perf_counter()
             # 1. rollout: `groups` seeds x K rollouts; crl: the first K/2 of each group without experience
             manager = getattr(agent, "manager", None)
@@ -518,14 +523,14 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                 t_eval = time.perf_counter()
                 evals.append(await evaluate(cfg, agent, step + 1))
                 done = time.perf_counter()
-                evals[-1].update(train_time_s=t_eval - began - eval_s, eval_time_s=done - t_eval)  # this session's
+                evals[-1].update(train_time_s=trained_s() - (done - t_eval), eval_time_s=done - t_eval)
                 eval_s += done - t_eval
                 scalars.add(evals[-1], "heldout/")
                 append_jsonl(out / "evals.jsonl", evals[-1])
             models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
             learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
             save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
-                            learners=learners, extra={"evals": evals})
+                            learners=learners, extra={"evals": evals, "train_time_s": trained_s()})
             export(cfg, out, llm, trained, extractor, ext_learner, final=last)
             if last:
                 break
