@@ -173,3 +173,27 @@ def test_eval_run_drives_crl_with_a_real_tiny_model(tmp_path):
     episodes = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
     assert all("search_time_s" in e["extra"] for e in episodes)
     assert (out / "extractor_calls.jsonl").exists() and list(bank.glob("index-*.hnsw"))
+
+
+def test_actor_critique_rejects_entries_it_judges_unhelpful_before_they_are_shown(tmp_path):
+    class Critic(Script):
+        def __call__(self, messages):
+            text = messages[-1]["content"]
+            if text.endswith("Answer yes or no."):
+                return "no" if "Lesson 1" in text else "yes"
+            return super().__call__(messages)
+
+    async def go():
+        script = Critic()
+        agent = make(tmp_path, script, critique="true", sync_experience=True)
+        eps = await play(agent, [0, 1, 2])
+        await agent.aclose()
+        return script, eps
+
+    script, eps = asyncio.run(go())
+    last_system = script.actor_chats[-1][0]["content"]
+    assert "Lesson 2" in last_system and "Lesson 1" not in last_system  # judged unhelpful, so never shown
+    verdicts = eps[-1].steps[0].turn["critique"]
+    assert {v["title"]: v["kept"] for v in verdicts} == {"Lesson 1": False, "Lesson 2": True}
+    with pytest.raises(ValueError, match="critique must be true or false"):
+        make(tmp_path / "x", Script(), critique="maybe")

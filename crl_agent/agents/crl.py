@@ -28,6 +28,7 @@ and ``bank_entries``; ``summary.json`` averages them per task.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import sys
@@ -41,7 +42,8 @@ from crl_agent.agents.base import EpisodeContext
 from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply
 from crl_agent.experience import ExperienceBank, ExperienceEntry, ExperienceManager, ManagerConfig, Trajectory
 from crl_agent.experience.retrieval import DiversityConfig
-from crl_agent.llm import LLM, Message, make_llm
+from crl_agent.llm import LLM, Message, SamplingParams, make_llm
+from crl_agent.llm.base import ScoringUnsupported
 from crl_agent.rollout import Episode
 
 _POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens", "history_style", "action_mode",
@@ -51,11 +53,25 @@ _ACTION_OPEN_RE = re.compile(r"<action>", re.IGNORECASE)
 
 EXPERIENCE_HEADER = "Lessons from past episodes of this task (apply them when they fit the situation):"
 SEARCH_CANDIDATE = "<search>"
+CRITIQUE_PROMPT = (
+    "Task: {goal}\n\nA lesson from past episodes:\n{lesson}\n\n"
+    "Will this lesson help with this task? Answer yes or no."
+)
 SEARCH_QUESTION = "Write your question for the experience bank in one short sentence, and nothing else."
 SEARCH_HELP = (
     "If you are unsure what to do, you may ask the experience bank instead of acting, at most {n} times per "
     "episode: write <search>your question</search> and nothing else. The answer comes back before you act."
 )
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    """A flag from Python or from ``--agent-arg name=VALUE`` (where ``False`` arrives as a string)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return text in ("true", "1", "yes", "on")
+    return bool(value)
 
 
 def experience_block(entries: list[ExperienceEntry]) -> str:
@@ -76,6 +92,7 @@ class CRLPolicy(LLMPolicy):
         self.ask_calls: list[str] = []
         self.search_s = 0.0
         self.search_log: list[dict[str, str]] = []  # this turn's searches, for its trace
+        self.critique_log: list[dict[str, Any]] = []  # the actor's verdict on each retrieved entry
 
     async def system_prompt(self, obs: str, info: dict[str, Any]) -> str:
         base = await super().system_prompt(obs, info)
@@ -88,12 +105,32 @@ class CRLPolicy(LLMPolicy):
         t0 = time.perf_counter()
         self.shown = await manager.search(self.goal or obs[:500], k=self.agent.k, task=self.ctx.env_id)
         self.search_s += time.perf_counter() - t0
+        if self.agent.critique and self.shown:
+            self.shown = await self.critique(self.shown, self.goal or obs[:500])
         parts = [base]
         if self.shown:
             parts.append(experience_block(self.shown))
         if self.agent.max_tool_calls > 0 and self.agent.bank is not None and self.agent.bank.ids(self.ctx.env_id):
             parts.append(SEARCH_HELP.format(n=self.agent.max_tool_calls))
         return "\n\n".join(parts)
+
+    async def critique(self, entries: list[ExperienceEntry], goal: str) -> list[ExperienceEntry]:
+        """The actor accepts or rejects each retrieved entry before the episode (the official code's
+        actor-side critique): it scores ``yes``/``no`` to "will this lesson help?" where the backend can
+        score, else answers in a few tokens. Rejected entries are neither shown nor credited."""
+        kept = []
+        for e in entries:
+            messages = [{"role": "user", "content": CRITIQUE_PROMPT.format(goal=goal, lesson=f"{e.title}: {e.content}")}]
+            try:
+                res = await self.agent.llm.score_full(messages, ["yes", "no"])
+                p_yes = 1.0 / (1.0 + math.exp(res.logprobs[1] - res.logprobs[0]))
+            except ScoringUnsupported:
+                reply = await self.agent.llm.chat(messages, SamplingParams(max_tokens=4, temperature=0.0))
+                p_yes = 1.0 if reply.text.strip().lower().startswith("yes") else 0.0
+            self.critique_log.append({"id": e.id, "title": e.title, "p_yes": round(p_yes, 4), "kept": p_yes >= 0.5})
+            if p_yes >= 0.5:
+                kept.append(e)
+        return kept
 
     def stop_strings(self) -> tuple[str, ...]:
         base = super().stop_strings()
@@ -145,6 +182,8 @@ class CRLPolicy(LLMPolicy):
             return None
         if len(self.turns) == 1 and self.shown:
             trace["experience_shown"] = [{"id": e.id, "title": e.title, "content": e.content} for e in self.shown]
+        if len(self.turns) == 1 and self.critique_log:
+            trace["critique"] = self.critique_log
         if self.search_log:
             trace["searches"], self.search_log = self.search_log, []
         return trace
@@ -176,6 +215,8 @@ class CRLAgent(LLMAgent):
         k: entries shown at the start of an episode.
         max_tool_calls: searches allowed per episode.
         sync_experience: flush pending distillations before each episode's retrieval.
+        critique: before each episode the actor accepts or rejects each retrieved entry (the official
+            code's actor-side critique); rejected entries are not shown (off by default).
         learning: distil finished episodes and credit the entries that guided them (default). The
             trainer sets the attribute to False while it evaluates held-out seeds, so the bank and the
             extractor's rewards never see them.
@@ -204,12 +245,14 @@ class CRLAgent(LLMAgent):
         manager_config: dict[str, Any] | None = None,
         llm: LLM | None = None,
         learning: bool = True,
+        critique: bool = False,
         **kwargs: Any,
     ):
         if experience not in ("on", "off"):
             raise ValueError(f"experience must be 'on' or 'off', got {experience!r}")
-        self.experience, self.k, self.sync_experience = experience, int(k), bool(sync_experience)
-        self.learning = bool(learning)
+        self.experience, self.k = experience, int(k)
+        self.sync_experience = _as_bool("sync_experience", sync_experience)
+        self.learning, self.critique = _as_bool("learning", learning), _as_bool("critique", critique)
         self.extractor_model, self.embedder_spec = extractor_model, embedder
         self.extractor_adapter = extractor_adapter
         self.bank: ExperienceBank | None = None
@@ -317,6 +360,7 @@ class CRLAgent(LLMAgent):
             "max_tool_calls": self.max_tool_calls,
             "sync_experience": self.sync_experience,
             "learning": self.learning,
+            "critique": self.critique,
         }
         if self.manager is not None:
             out["manager"] = {k: v for k, v in self.manager.config_dict().items() if k not in ("bank", "extractor")}
