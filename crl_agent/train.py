@@ -370,6 +370,9 @@ def eval_command(cfg: TrainConfig, out: Path) -> str:
             "score_norm": cfg.score_norm, "action_mode": "score"}
     if cfg.mode == "crl":
         opts["extractor_adapter"] = out / "adapters" / "extractor"
+        manager = {"distil_params": {"max_tokens": cfg.distil_max_tokens, "temperature": 0.7},
+                   "max_trajectory_chars": cfg.distil_chars}
+        opts["manager_config"] = "'" + json.dumps(manager, separators=(",", ":")) + "'"
     cmd = [f"python -m eval.run --agent {agent} --tasks {cfg.env} --episodes {cfg.eval_episodes} --seed {cfg.eval_seed}",
            *(f"--agent-arg {k}={v}" for k, v in opts.items())]
     if cfg.model:

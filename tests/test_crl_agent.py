@@ -197,3 +197,13 @@ def test_actor_critique_rejects_entries_it_judges_unhelpful_before_they_are_show
     assert {v["title"]: v["kept"] for v in verdicts} == {"Lesson 1": False, "Lesson 2": True}
     with pytest.raises(ValueError, match="critique must be true or false"):
         make(tmp_path / "x", Script(), critique="maybe")
+
+
+def test_manager_config_from_the_command_line_takes_plain_dicts_for_sampling(tmp_path):
+    agent = make(tmp_path, Script(), manager_config={"distil_params": {"max_tokens": 7, "temperature": 0.5},
+                                                     "max_trajectory_chars": 900})
+    try:
+        cfg = agent.manager.config
+        assert (cfg.distil_params.max_tokens, cfg.distil_params.temperature, cfg.max_trajectory_chars) == (7, 0.5, 900)
+    finally:
+        asyncio.run(agent.aclose())

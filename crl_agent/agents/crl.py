@@ -311,6 +311,9 @@ class CRLAgent(LLMAgent):
         cfg = dict(manager_config or {})
         if isinstance(cfg.get("diversity"), dict):
             cfg["diversity"] = DiversityConfig(**cfg["diversity"])
+        for key in ("distil_params", "merge_params", "answer_params"):  # e.g. from --agent-arg manager_config={...}
+            if isinstance(cfg.get(key), dict):
+                cfg[key] = SamplingParams(**cfg[key])
         log_dir = Path(run_dir) if run_dir is not None else self.bank_path
         self.manager = ExperienceManager(
             self.bank, self.extractor, ManagerConfig(k=self.k, seed=seed, **cfg), log_path=log_dir / "extractor_calls.jsonl"
