@@ -15,22 +15,25 @@ The loop, one visible step at a time (CleanRL style; the pieces are imported, no
    (``EpisodeContext.with_experience``); pending bank updates are flushed first.
 2. **Advantages**: :func:`crl_agent.rl.split_group_advantages` on the binary outcome, within each
    (seed, with/without experience) half; ``--adv-scale mean`` (the official code) or ``mean_std``.
-3. **Actor update**: every scored turn becomes a :class:`crl_agent.rl.TurnSample` (its exact prompt
-   and candidate token ids, the action chosen, the log-prob it was sampled with) and
-   :class:`crl_agent.rl.PolicyLearner` takes one PPO-clip step (no KL). The inference backend shares
-   the LoRA-wrapped weights, so the next rollout uses them; ``bump_policy_version`` drops its
-   prefix cache.
+3. **Actor update**: scored turns become :class:`crl_agent.rl.TurnSample` s (their exact prompt and
+   candidate token ids, the action chosen, the log-prob it was sampled with), each episode weighing
+   the same (``--turn-weight``; ``--turns-per-episode`` subsamples them without bias), and
+   :class:`crl_agent.rl.PolicyLearner` takes one PPO-clip step (no KL). The transformers backend
+   shares the LoRA-wrapped weights, so the next rollout uses them (``set_policy_version`` drops its
+   prefix cache); the vLLM backend loads the exported adapter under a new id.
 4. **Extractor update** (``crl`` mode): after ``extractor_warmup`` steps, once the call log holds
    ``extractor_batch`` calls with a meta-reward, one CISPO step on them (advantage = reward - batch
    mean, times the count-aware weight), bank writes flushed first. On this CPU build it runs between
    rollouts rather than beside them (the official code overlaps it on separate GPUs).
-5. **Log and checkpoint**: ``metrics.jsonl`` (one line per step), an atomic ``checkpoint.pt``;
+5. **Log and checkpoint**: ``metrics.jsonl`` (one line per step) and TensorBoard scalars (``tb/``),
+   an atomic ``checkpoint.pt`` and the adapters in ``adapters/`` (what ``eval.run`` loads);
    every ``eval_every`` steps, held-out seeds (never trained on) are played with the pure policy
    (no exploration), with and without experience in ``crl`` mode, into ``evals.jsonl``; at the end
    ``curve.png``.
 
 Everything runs on CPU with the embedded SmolLM2-135M by default (LoRA, bf16 where the CPU has it);
-``--model`` takes any local causal LM, and ``--device cuda`` trains on a GPU.
+``--model`` takes any local causal LM, ``--device cuda`` trains on a GPU, and ``--backend vllm`` moves
+the rollouts to vLLM on that GPU.
 """
 
 from __future__ import annotations
