@@ -83,6 +83,7 @@ class TrainConfig:
     lr: float = 3e-4  # AdamW, constant (LoRA; the official full fine-tune uses 1e-6)
     lora_rank: int = 16  # 0: train every weight
     clip_eps: float = 0.2
+    ppo_epochs: int = 1  # PPO-clip updates over each rollout batch (official code: 1; more reuse costly CPU rollouts)
     adv_scale: str = "mean"  # "mean" (official code) or "mean_std" (the paper's text)
     turn_weight: str = "episode"  # episode: each episode weighs the same (one sequence of decisions); turn: each turn
     turns_per_episode: int = 0  # >0: train on a random subset of this many turns per episode (unbiased, cheaper)
@@ -115,6 +116,8 @@ class TrainConfig:
             raise ValueError("--adv-scale must be 'mean' or 'mean_std'")
         if self.turn_weight not in TURN_WEIGHTINGS:
             raise ValueError(f"--turn-weight must be one of {TURN_WEIGHTINGS}")
+        if self.ppo_epochs < 1:
+            raise ValueError("--ppo-epochs must be >= 1")
         if self.turns_per_episode < 0:
             raise ValueError("--turns-per-episode must be >= 0 (0: every turn)")
         if self.eval_seed < self.groups:
@@ -245,23 +248,35 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
     return samples
 
 
-async def update(llm, learner, samples, sync_dir: Path | None = None) -> dict[str, float]:
-    """One learner update; then the backend serves the new weights, stamped with the learner's version.
+async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: int = 1) -> dict[str, float]:
+    """``epochs`` learner updates on ``samples``; then the backend serves the new weights, stamped with the
+    learner's version.
 
-    The transformers backend shares the learner's weights: the update runs on the backend's own thread
+    The transformers backend shares the learner's weights: the updates run on the backend's own thread
     between batches (no generation meanwhile) and its stale prefix cache is dropped. Other backends
-    (vLLM) get the adapter exported to ``sync_dir`` and loaded under a new id.
+    (vLLM) get the adapter exported to ``sync_dir`` and loaded under a new id. After the first epoch the
+    samples are older than the learner by design: their recorded log-probs are PPO's old policy, so the
+    ratio moves away from 1 and the clip engages; ``stale`` reports the first epoch's count.
     """
     metrics: dict[str, float] = {}
     if not samples:
         return metrics
+
+    def run(_model=None) -> None:
+        first = learner.update(samples)
+        last = first
+        for _ in range(epochs - 1):
+            last = learner.update(samples)
+        metrics.update(last, stale=first["stale"], stale_dropped=first["stale_dropped"], epochs=float(epochs),
+                       updated=float(learner.version - first["version"] + first["updated"]))
+
     if hasattr(llm, "update_weights"):
-        await llm.update_weights(lambda _model: metrics.update(learner.update(samples)))
+        await llm.update_weights(run)
         llm.set_policy_version(learner.version)
     else:
         from crl_agent.rl import export_weights
 
-        metrics.update(await asyncio.to_thread(learner.update, samples))
+        await asyncio.to_thread(run)
         if metrics.get("updated"):
             export_weights(learner.model, sync_dir)
             llm.load_adapter(str(sync_dir), version=learner.version)
@@ -493,7 +508,7 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             samples = turn_samples([e for _, e in kept], adv, cfg.turn_weight, cfg.turns_per_episode,
                                    random.Random(cfg.seed * 1_000_003 + step))
             t1 = time.perf_counter()
-            metrics = await update(llm, learner, samples, out / "adapters" / "actor")
+            metrics = await update(llm, learner, samples, out / "adapters" / "actor", cfg.ppo_epochs)
             tokens = rollout_tokens(episodes)
             row = {"step": step + 1, "time_s": 0.0, "rollout_s": rollout_s, "update_s": time.perf_counter() - t1,
                    "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),

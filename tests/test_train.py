@@ -214,4 +214,12 @@ def test_a_backend_that_does_not_share_the_weights_gets_each_update_as_an_export
     assert served.loaded == [(str(tmp_path / "sync"), 1, served.loaded[0][2])]
     assert "adapter_config.json" in served.loaded[0][2]
     assert asyncio.run(update(served, learner, [], tmp_path / "sync")) == {} and len(served.loaded) == 1
+    # PPO epochs: three updates on one batch, one sync; later epochs see the ratio move off 1
+    import dataclasses
+
+    fresh = [dataclasses.replace(x, policy_version=learner.version) for x in samples]
+    metrics = asyncio.run(update(served, learner, fresh, tmp_path / "sync", epochs=3))
+    assert (metrics["updated"], metrics["epochs"], learner.version) == (3, 3, 4)
+    assert served.loaded[-1][1] == 4 and len(served.loaded) == 2
+    assert metrics["stale"] == 0 and metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
     asyncio.run(llm.aclose())
