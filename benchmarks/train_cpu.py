@@ -9,7 +9,9 @@ evaluation, the settings and the verdict: held-out success must rise by at least
 
 Runs go in parallel as subprocesses (one torch thread each), so on 2 cores ``--jobs 2`` trains two at once.
 
-Run: ``python benchmarks/train_cpu.py [--modes grpo,crl] [--seeds 0,1] [--minutes 30] [--jobs 2]``
+Run: ``python benchmarks/train_cpu.py [--modes grpo,crl] [--seeds 0,1] [--minutes 30] [--jobs 2]``;
+a variant: ``--tag NAME --set lr=2e-3 --set ppo-epochs=2`` (runs in ``runs/train_cpu/NAME``, results in
+``train_cpu_NAME.{json,png}``); ``--report`` rebuilds the results from finished run folders.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ SETTINGS = {
     "distil-chars": 2000,
     "eval-every": 8,
     "eval-episodes": 64,
+    "ppo-epochs": 1,
     "steps": 1000,
 }
 
@@ -93,7 +96,7 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
     return row
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, settings: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,7 +112,8 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.plot(*zip(*exp, strict=True), marker="x", linestyle="--", label=f"{r['mode']} seed {r['seed']} (with exp.)")
     ax.set_xlabel("training minutes (2 cores shared by 2 runs; evaluations not counted)")
     ax.set_ylabel("held-out success % (64 seeds, temperature 1)")
-    ax.set_title(f"SmolLM2-135M on {SETTINGS['env']} (CPU)")
+    ax.set_title(f"SmolLM2-135M on {settings['env']} (CPU, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
+                 fontsize=9)
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -126,24 +130,35 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "train_cpu", help="run folders (resumed if present)")
     p.add_argument("--report", action="store_true", help="only rebuild the results from the run folders in --work")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set lr=2e-3 --set ppo-epochs=2 (use with --tag)")
+    p.add_argument("--tag", default="", help="a name for this variant: runs in <work>/<tag>/, results in train_cpu_<tag>.*")
     args = p.parse_args()
+    settings = dict(SETTINGS)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in SETTINGS:
+            p.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(SETTINGS)}")
+        settings[key] = value
+    work = args.work / args.tag if args.tag else args.work
+    name = f"train_cpu_{args.tag}" if args.tag else "train_cpu"
     # seed-major, so with --jobs 2 each mode's runs share the machine with the other mode's
     jobs = [(m, int(s)) for s in args.seeds.split(",") for m in args.modes.split(",")]
     if args.report:
-        rows = [summarise(m, s, args.work / f"{m}-seed{s}") for m, s in jobs]
+        rows = [summarise(m, s, work / f"{m}-seed{s}") for m, s in jobs]
     else:
         with ThreadPoolExecutor(args.jobs) as pool:
             threads = max(1, (os.cpu_count() or 2) // args.jobs)
-            rows = list(pool.map(lambda j: run_one(j[0], j[1], args.minutes, args.work / f"{j[0]}-seed{j[1]}",
-                                                   SETTINGS, threads), jobs))
+            rows = list(pool.map(lambda j: run_one(j[0], j[1], args.minutes, work / f"{j[0]}-seed{j[1]}",
+                                                   settings, threads), jobs))
     RESULTS.mkdir(parents=True, exist_ok=True)
     verdict = {r["mode"]: [] for r in rows}
     for r in rows:
         verdict[r["mode"]].append(r.get("gain_points", float("nan")) >= 15)
-    out = {"schema_version": "1.0", "settings": SETTINGS, "minutes": args.minutes, "jobs": args.jobs,
+    out = {"schema_version": "1.0", "tag": args.tag, "settings": settings, "minutes": args.minutes, "jobs": args.jobs,
            "runs": rows, "learned (>= +15 points held-out)": verdict}
-    (RESULTS / "train_cpu.json").write_text(json.dumps(out, indent=2) + "\n")
-    plot(rows, RESULTS / "train_cpu.png")
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    plot(rows, RESULTS / f"{name}.png", settings)
     print(f"{'mode':6s} {'seed':>4s} {'steps':>5s} {'minutes':>7s} {'before':>7s} {'after':>7s} {'gain':>13s} "
           f"{'with experience':>16s}")
     nan = float("nan")
@@ -155,7 +170,7 @@ def main() -> None:
               f"{r.get('gain_points', nan):+6.1f} +- {r.get('gain_se_points', nan):4.1f} {wexp:>16s}")
         if r.get("extractor"):
             print(f"       extractor: {r['extractor']}, reward by step {r['extractor_reward']}")
-    print(f"wrote {RESULTS / 'train_cpu.json'} and {RESULTS / 'train_cpu.png'}")
+    print(f"wrote {RESULTS / (name + '.json')} and {RESULTS / (name + '.png')}")
 
 
 if __name__ == "__main__":
