@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def _peft():
         import peft
     except ImportError as e:
         raise ImportError('LoRA needs peft, part of the agent extra: pip install "crl-bench[agent]"') from e
+    # peft 0.21 calls a transformers method that transformers 5.24 deprecates: noise on every run, not ours to fix
+    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
     return peft
 
 
