@@ -145,7 +145,7 @@ def main() -> None:
     # seed-major, so with --jobs 2 each mode's runs share the machine with the other mode's
     jobs = [(m, int(s)) for s in args.seeds.split(",") for m in args.modes.split(",")]
     if args.report:
-        rows = [summarise(m, s, work / f"{m}-seed{s}") for m, s in jobs]
+        rows = [summarise(m, s, work / f"{m}-seed{s}") for m, s in jobs if (work / f"{m}-seed{s}").exists()]
     else:
         with ThreadPoolExecutor(args.jobs) as pool:
             threads = max(1, (os.cpu_count() or 2) // args.jobs)
