@@ -263,12 +263,12 @@ async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: in
         return metrics
 
     def run(_model=None) -> None:
-        first = learner.update(samples)
-        last = first
+        before = learner.version
+        first = last = learner.update(samples)
         for _ in range(epochs - 1):
             last = learner.update(samples)
         metrics.update(last, stale=first["stale"], stale_dropped=first["stale_dropped"], epochs=float(epochs),
-                       updated=float(learner.version - first["version"] + first["updated"]))
+                       updated=float(learner.version - before))
 
     if hasattr(llm, "update_weights"):
         await llm.update_weights(run)

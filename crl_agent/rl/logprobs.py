@@ -149,7 +149,6 @@ def _device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
     return w.device, w.dtype
 
 
-
 def _decode_and_score(model, parts, input_ids, attention, positions, picks, device) -> torch.Tensor:
     """One decoder pass, then the log-prob of each ``(row, col) -> target`` pick (output layer only there)."""
     rows, cols, targets = picks
@@ -161,6 +160,7 @@ def _decode_and_score(model, parts, input_ids, attention, positions, picks, devi
     ).last_hidden_state
     picked = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
     return token_logprobs(model, picked, torch.tensor(targets, device=device))
+
 
 def batch_sequence_logprobs(
     model: torch.nn.Module, prompts: Sequence[TokenIds], responses: Sequence[TokenIds]

@@ -196,8 +196,6 @@ class InlinePool(SlotFront):
         self._abandoned = [w for w in self._abandoned + workers if w.thread.is_alive()]
         self._host.close()
 
-
-
     def restarts(self) -> int:
         """How many envs were abandoned after a timeout (each replaced at its slot's next reset)."""
         return self._restarts
@@ -252,4 +250,3 @@ class InlinePool(SlotFront):
             if worker is None:  # its env was abandoned after a timeout: a fresh env for the fresh start
                 worker = await self._spawn(slot)
             return await self._run(slot, worker, method, args, kwargs, timeout)
-

@@ -245,8 +245,6 @@ class ProcessPool(SlotFront):
             if w.making is not None and not w.making.done():
                 w.making.cancel()
 
-
-
     # ------------------------------------------------------------------ API
     def _submit(self, w: _Worker, slot: int, method: str, args: tuple,
                 kwargs: dict[str, Any] | None = None) -> tuple[int, _Call]:
@@ -287,7 +285,6 @@ class ProcessPool(SlotFront):
             self._spawn(w)
         req_id, call = self._submit(w, slot, method, args, kwargs)
         return await self._wait(w, req_id, call, timeout)
-
 
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w.process is not None]

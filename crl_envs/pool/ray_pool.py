@@ -168,7 +168,6 @@ class RayEnvPool(SlotFront):
             raise self._error(slot, "exception", f"the {method} request failed in Ray: "
                                                  f"{type(e).__name__}: {e}") from None
 
-
     def restarts(self) -> int:
         return self._restarts
 
@@ -184,5 +183,3 @@ class RayEnvPool(SlotFront):
                         ray.kill(a, no_restart=True)
                     except Exception:  # noqa: BLE001, S110
                         pass
-
-
