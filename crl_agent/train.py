@@ -58,6 +58,9 @@ MODES = ("grpo", "crl")
 RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads")
 TURN_WEIGHTINGS = ("episode", "turn")
 BACKENDS = ("transformers", "vllm")  # a resumed run may train for longer; anything else must match
+# agent constructor arguments the trainer sets itself (--agent-arg may not override them)
+TRAINER_AGENT_ARGS = frozenset({"llm", "model", "backend", "extractor", "extractor_model", "temperature", "score_norm",
+                                "action_mode", "seed", "history", "run_dir", "embedder", "explore", "learning"})
 
 
 @dataclass
@@ -96,12 +99,17 @@ class TrainConfig:
     embedder: str = "minilm"
     distil_max_tokens: int = 512  # extractor reply cap per distillation (CPU runs: smaller is much faster)
     distil_chars: int = 8000  # trajectory text budget in the distillation prompt
+    distil_workers: int = 8  # distillations in flight at once (the backend batches them; 1: one after another)
+    merge_every: int = 1  # merge near-duplicate entries every N steps, before that step's rollout (0: never)
     eval_every: int = 5  # held-out evaluation every N steps (and at the start and end); 0: only at the end
     eval_episodes: int = 64
     eval_seed: int = 1_000_000  # held-out seeds are eval_seed, eval_seed+1, ...; training seeds start at 0
     seed: int = 0
     concurrency: int = 32  # episodes in flight
     time_budget_min: float = 0.0  # stop after this many minutes of training (evaluations not counted); 0: none
+    # more constructor arguments of the agent (LLMAgent, or CRLAgent in crl mode), as eval.run's --agent-arg,
+    # e.g. {"max_tool_calls": 0}; "manager_config" is merged into the trainer's own
+    agent_args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -123,8 +131,16 @@ class TrainConfig:
         if self.eval_seed < self.groups:
             raise ValueError("--eval-seed must be at least --groups: training seeds are drawn below it, "
                              "held-out seeds from it up")
-        if min(self.steps, self.groups, self.eval_episodes, self.concurrency) < 1 or self.eval_every < 0:
-            raise ValueError("--steps, --groups, --eval-episodes and --concurrency must be >= 1")
+        if min(self.steps, self.groups, self.eval_episodes, self.concurrency, self.distil_workers) < 1:
+            raise ValueError("--steps, --groups, --eval-episodes, --concurrency and --distil-workers must be >= 1")
+        if self.eval_every < 0 or self.merge_every < 0:
+            raise ValueError("--eval-every and --merge-every must be >= 0")
+        taken = sorted(set(self.agent_args) & TRAINER_AGENT_ARGS)
+        if taken:
+            raise ValueError(f"--agent-arg {', '.join(taken)}: set by the trainer (use its own flags: --model, "
+                             "--temperature, --score-norm, --history, --seed, --embedder, --distil-*)")
+        if not isinstance(self.agent_args.get("manager_config", {}), dict):
+            raise ValueError("--agent-arg manager_config must be a JSON object")
 
 
 # ---------------------------------------------------------------------------------------- plumbing
@@ -132,7 +148,7 @@ def build(cfg: TrainConfig, out: Path):
     """The actor's backend (LoRA-wrapped weights), its learner, and the agent that plays episodes."""
     from crl_agent.agents.crl import CRLAgent
     from crl_agent.agents.llm import LLMAgent
-    from crl_agent.llm import SamplingParams, make_llm
+    from crl_agent.llm import make_llm
     from crl_agent.rl import PolicyLearner, add_lora
 
     threads = {"num_threads": cfg.threads} if cfg.threads > 0 else {}
@@ -161,13 +177,29 @@ def build(cfg: TrainConfig, out: Path):
                              **threads)
         ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
         extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo", token_budget=cfg.token_budget)
-        manager_config = {"distil_params": SamplingParams(max_tokens=cfg.distil_max_tokens, temperature=0.7),
-                          "max_trajectory_chars": cfg.distil_chars}
-        agent = CRLAgent(llm=llm, extractor=extractor, run_dir=str(out), embedder=cfg.embedder,
-                         manager_config=manager_config, **opts)
+        extra = dict(cfg.agent_args)
+        manager_config = {**manager_settings(cfg), **extra.pop("manager_config", {})}
+        try:
+            agent = CRLAgent(llm=llm, extractor=extractor, run_dir=str(out), embedder=cfg.embedder,
+                             manager_config=manager_config, **opts, **extra)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"--agent-arg: {e}") from e
     else:
-        agent = LLMAgent(llm=llm, **opts)
+        try:
+            agent = LLMAgent(llm=llm, **opts, **cfg.agent_args)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"--agent-arg: {e}") from e
     return llm, trained, learner, agent, extractor, extractor_learner
+
+
+def manager_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The experience manager's settings in crl mode (JSON-safe: ``eval_command`` repeats them).
+
+    Merges are the trainer's (every ``merge_every`` steps, between rollouts), not the manager's own
+    every-N-distillations schedule, so the bank never changes under a rollout.
+    """
+    return {"distil_params": {"max_tokens": cfg.distil_max_tokens, "temperature": 0.7},
+            "max_trajectory_chars": cfg.distil_chars, "distil_workers": cfg.distil_workers, "merge_every": 0}
 
 
 async def play(cfg: TrainConfig, agent, episodes: list[EpisodeContext], explore: float) -> list[Episode]:
@@ -386,11 +418,15 @@ def eval_command(cfg: TrainConfig, out: Path) -> str:
     agent = "crl" if cfg.mode == "crl" else "llm"
     opts = {"adapter": out / "adapters" / "actor", "history": cfg.history, "temperature": cfg.temperature,
             "score_norm": cfg.score_norm, "action_mode": "score"}
+    extra = dict(cfg.agent_args)
     if cfg.mode == "crl":
         opts["extractor_adapter"] = out / "adapters" / "extractor"
-        manager = {"distil_params": {"max_tokens": cfg.distil_max_tokens, "temperature": 0.7},
-                   "max_trajectory_chars": cfg.distil_chars}
-        opts["manager_config"] = "'" + json.dumps(manager, separators=(",", ":")) + "'"
+        manager = {**manager_settings(cfg), **extra.pop("manager_config", {})}
+        manager.pop("merge_every")  # at test time the manager merges on its own schedule
+        opts["manager_config"] = manager
+    opts.update(extra)
+    opts = {k: "'" + json.dumps(v, separators=(",", ":")) + "'" if isinstance(v, dict | list) else v
+            for k, v in opts.items()}
     cmd = [f"python -m eval.run --agent {agent} --tasks {cfg.env} --episodes {cfg.eval_episodes} --seed {cfg.eval_seed}",
            *(f"--agent-arg {k}={v}" for k, v in opts.items())]
     if cfg.model:
@@ -447,16 +483,18 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
     ckpt_path = out / "checkpoint.pt"
     if ckpt_path.exists() and not resume:
         raise SystemExit(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
-    torch.manual_seed(cfg.seed)
-    llm, trained, learner, agent, extractor, ext_learner = build(cfg, out)
-    start, evals, trained_before = 0, [], 0.0  # trained_before: training seconds of earlier sessions of this run
-    if resume and ckpt_path.exists():
+    if resume and ckpt_path.exists():  # refused before anything loads (or opens the bank)
         saved = torch.load(ckpt_path, weights_only=False, map_location="cpu")["config"]  # what the weights came from
+        saved.setdefault("agent_args", {})  # runs from before --agent-arg had none
         resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
         diff = config_diff({k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}, resumable)
         if diff:
             raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}); "
                              "use the same options or another --out")
+    torch.manual_seed(cfg.seed)
+    llm, trained, learner, agent, extractor, ext_learner = build(cfg, out)
+    start, evals, trained_before = 0, [], 0.0  # trained_before: training seconds of earlier sessions of this run
+    if resume and ckpt_path.exists():
         models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
         learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
         ck = load_checkpoint(ckpt_path, models=models, learners=learners)
@@ -491,8 +529,11 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
             t0 = time.perf_counter()
             # 1. rollout: `groups` seeds x K rollouts; crl: the first K/2 of each group without experience
             manager = getattr(agent, "manager", None)
+            merged = {}
             if manager is not None:
                 await manager.flush()
+                if cfg.merge_every and step and step % cfg.merge_every == 0:
+                    merged = await manager.merge()
             # training seeds stay below --eval-seed, so no held-out seed is ever trained on
             seeds = [(cfg.seed * 100_003 + step * cfg.groups + g) % cfg.eval_seed for g in range(cfg.groups)]
             ctxs = [EpisodeContext(cfg.env, s, g, sample=k, with_experience=cfg.mode == "crl" and k >= half)
@@ -527,6 +568,8 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                 row["extractor/valid_ops"] = stats.get("ops_applied", stats.get("adds", 0))
                 row["extractor/malformed"] = stats.get("malformed", 0)
                 row["bank_entries"] = len(agent.bank)
+                row["extractor/merges"] = stats.get("merges", 0)
+                row.update({f"extractor/merge_{k}": v for k, v in merged.items()})
                 if step + 1 >= cfg.extractor_warmup:
                     await manager.flush()
                     ext_samples, used = extractor_samples(manager, step + 1, cfg.cooldown, cfg.extractor_batch)
@@ -565,12 +608,31 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
 
 
 # ---------------------------------------------------------------------------------------- CLI
+def parse_agent_args(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as ``eval.run --agent-arg`` reads them (VALUE as JSON when it parses)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--agent-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m crl_agent.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="run folder (metrics, evals, checkpoint, bank, curve)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--agent-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="another constructor argument of the agent, as in eval.run; VALUE is parsed as JSON when "
+                        "it can be (repeatable), e.g. --agent-arg max_tool_calls=0")
     for f in dataclasses.fields(TrainConfig):
+        if f.name == "agent_args":
+            continue
         flag = "--" + f.name.replace("_", "-")
         kind = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}[str(f.type)]
         p.add_argument(flag, type=kind, default=f.default, help=f"default: {f.default}")
@@ -580,8 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     try:
+        cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                             if f.name != "agent_args"}, agent_args=parse_agent_args(args.agent_arg))
         cfg.check()
         evals = asyncio.run(train(cfg, args.out, resume=args.resume, quiet=args.quiet))
     except (ValueError, LLMError) as e:

@@ -48,7 +48,8 @@ def test_grpo_training_takes_the_tiny_model_from_chance_to_solving_held_out_seed
 def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny, tmp_path):
     args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "1", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "1", "--embedder", "hash",
-            "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4"]
+            "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4", "--distil-workers", "2",
+            "--agent-arg", "max_tool_calls=0", "--agent-arg", 'manager_config={"merge_threshold": 0.95}']
     assert main([*args, "--steps", "1"]) == 0
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["episodes"] == 4 and "train_success_with_experience" in row and "bank_entries" in row
@@ -64,9 +65,15 @@ def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny,
     with pytest.raises(SystemExit, match="exists"):
         main([*args, "--steps", "2"])
     assert main([*args, "--steps", "2", "--resume"]) == 0
-    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["extractor/merges"] == 0 and rows[1]["extractor/merges"] == 1  # --merge-every 1: before step 2
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["agent_args"] == {"max_tool_calls": 0, "manager_config": {"merge_threshold": 0.95}} and saved["distil_workers"] == 2
     with pytest.raises(SystemExit, match="lr"):
         main([*args, "--steps", "3", "--resume", "--lr", "0.5"])
+    with pytest.raises(SystemExit, match="agent_args"):
+        main([*args, "--steps", "3", "--resume", "--agent-arg", "max_tool_calls=1"])
     # held-out evaluation episodes (16 here) are never distilled: only the 2 x 4 training episodes are
     calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
     distilled = [c for c in calls if c.get("type") == "call" and c.get("kind") == "distil"]
@@ -104,6 +111,27 @@ def test_exported_adapters_load_into_a_backend_and_reproduce_the_trained_policy(
     assert max(abs(a - b) for a, b in zip(trained, base, strict=True)) > 1e-3  # training changed the policy
     with pytest.raises(Exception, match="adapter_config.json"):
         make_llm("transformers", tiny, dtype="float32", adapter=str(tmp_path))
+
+
+def test_agent_args_reach_the_agent_and_the_eval_command_and_trainer_owned_ones_are_refused(tiny, tmp_path, capsys):
+    from crl_agent.train import eval_command
+
+    base = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--model", tiny, "--dtype", "float32", "--steps", "1"]
+    for bad, why in ((["--agent-arg", "temperature=0.5"], "set by the trainer"),
+                     (["--agent-arg", "no-key"], "KEY=VALUE"),
+                     (["--agent-arg", "manager_config=[1]", "--mode", "crl"], "JSON object"),
+                     (["--agent-arg", "not_an_option=1", "--lora-rank", "4", "--eval-every", "0"], "not_an_option")):
+        with pytest.raises(SystemExit) as e:
+            main([*base, *bad])
+        assert e.value.code == 2 and why in capsys.readouterr().err, bad
+    cfg = TrainConfig(env=DOORS, mode="crl", distil_max_tokens=96, distil_workers=4,
+                      agent_args={"max_tool_calls": 0, "manager_config": {"merge_threshold": 0.95}})
+    cmd = eval_command(cfg, tmp_path)
+    assert "--agent-arg max_tool_calls=0" in cmd
+    manager = json.loads(cmd.split("manager_config='")[1].split("'")[0])
+    # the trainer's distillation settings and the user's additions; merges back on the manager's own schedule
+    assert manager == {"distil_params": {"max_tokens": 96, "temperature": 0.7}, "max_trajectory_chars": 8000,
+                       "distil_workers": 4, "merge_threshold": 0.95}
 
 
 def _episode(turns: int):

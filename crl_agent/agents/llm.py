@@ -429,6 +429,9 @@ class LLMAgent(Agent):
         self.seed = seed
         self.temperature, self.top_p, self.max_tokens = float(temperature), float(top_p), int(max_tokens)
         self.history, self.history_tokens, self.max_tool_calls = int(history), int(history_tokens), int(max_tool_calls)
+        if llm is not None and backend_kwargs:
+            raise ValueError(f"{', '.join(sorted(backend_kwargs))}: not an option of this agent, and backend options "
+                             "apply only when the agent loads its own model (llm=None)")
         self._owns_llm = llm is None
         self.llm: LLM = llm if llm is not None else make_llm(backend, model, **backend_kwargs)
 
