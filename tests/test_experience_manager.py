@@ -404,3 +404,37 @@ def test_pending_counts_queued_distillations_and_a_closed_manager_refuses_search
             await asyncio.wait_for(m.search("box"), 5)  # an error, not a request nobody serves
 
     run(main())
+
+
+def test_distillations_run_concurrently_so_a_batching_backend_serves_them_together(bank, tmp_path):
+    active, peak = 0, 0
+
+    def reply(messages):
+        return ops(add(f"Lesson {len(llm.calls)}", "If a box is against a wall, then push it along the wall."))
+
+    class Counting(ScriptedLLM):
+        async def chat(self, messages, params=None):
+            nonlocal active, peak
+            active += 1
+            peak = max(peak, active)
+            try:
+                return await super().chat(messages, params)
+            finally:
+                active -= 1
+
+    llm = Counting(reply, delay=0.2)
+
+    async def main(workers: int) -> float:
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0, distil_workers=workers),
+                              log_path=tmp_path / f"calls{workers}.jsonl")
+        for i in range(8):
+            m.submit(traj(100 * workers + i))
+        await m.flush()
+        await m.aclose()
+        return peak
+
+    assert run(main(1)) == 1
+    peak = 0
+    assert run(main(4)) == 4  # the default: four distillations in flight
+    assert ManagerConfig().distil_workers == 4
+    assert len(bank) == 16  # every distillation applied, none lost to the concurrency

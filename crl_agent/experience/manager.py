@@ -50,7 +50,7 @@ class ManagerConfig:
         batch_size: most search requests served together.
         max_wait_ms: longest a request waits for its batch to fill.
         cache_size: query embeddings kept (LRU).
-        distil_workers: concurrent distillation workers.
+        distil_workers: concurrent distillations (a batching backend serves them together; 1: one at a time).
         merge_every: merge after this many distillations (0: never automatically).
         merge_threshold: cosine similarity above which two entries are near-duplicates.
         merge_neighbours: neighbours examined per entry when clustering.
@@ -65,7 +65,7 @@ class ManagerConfig:
     batch_size: int = 32
     max_wait_ms: float = 5.0
     cache_size: int = 4096
-    distil_workers: int = 1
+    distil_workers: int = 4
     merge_every: int = 5
     merge_threshold: float = 0.9
     merge_neighbours: int = 8
