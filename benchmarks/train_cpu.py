@@ -111,6 +111,19 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
     return row
 
 
+def keep_earlier(rows: list[dict], path: Path, settings: dict, minutes: float, jobs: int) -> list[dict]:
+    """The runs of an earlier results file under this name that this invocation did not (re)make, e.g. the
+    grpo runs when ``--modes crl`` follows ``--modes grpo`` with the same tag; none if its settings differ."""
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    if (earlier.get("settings"), earlier.get("minutes"), earlier.get("jobs")) != (settings, minutes, jobs):
+        print(f"{path.name}: earlier runs made with other settings are replaced")
+        return []
+    made = {(r["mode"], r["seed"]) for r in rows}
+    return [r for r in earlier["runs"] if (r["mode"], r["seed"]) not in made]
+
+
 def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     import matplotlib
 
@@ -168,6 +181,7 @@ def main() -> None:
             rows = list(pool.map(lambda j: run_one(j[0], j[1], args.minutes, work / f"{j[0]}-seed{j[1]}",
                                                    settings, threads), jobs))
     RESULTS.mkdir(parents=True, exist_ok=True)
+    rows = keep_earlier(rows, RESULTS / f"{name}.json", settings, args.minutes, args.jobs) + rows
     verdict = {r["mode"]: [] for r in rows}
     for r in rows:
         verdict[r["mode"]].append(r.get("gain_points", float("nan")) >= 15)
