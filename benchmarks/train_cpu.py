@@ -11,7 +11,8 @@ Runs go in parallel as subprocesses (one torch thread each), so on 2 cores ``--j
 
 Run: ``python benchmarks/train_cpu.py [--modes grpo,crl] [--seeds 0,1] [--minutes 30] [--jobs 2]``;
 a variant: ``--tag NAME --set lr=2e-3 --set ppo-epochs=2`` (runs in ``runs/train_cpu/NAME``, results in
-``train_cpu_NAME.{json,png}``); ``--report`` rebuilds the results from finished run folders.
+``train_cpu_NAME.{json,png}``); ``--report`` rebuilds the results from finished run folders, ``--plot``
+only redraws the PNG from the results JSON.
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
             "updates": sum(1 for m in metrics if m.get("extractor/updated")),
         }
         row["extractor_reward"] = [(m["step"], m["extractor/reward"]) for m in metrics if "extractor/reward" in m]
+        # the valid-operation rate so far, after each step (the counters are cumulative)
+        row["extractor_valid_rate"] = [
+            (m["step"], m["extractor/valid_ops"] / (m["extractor/valid_ops"] + m["extractor/malformed"]))
+            for m in metrics if m.get("extractor/valid_ops", 0) + m.get("extractor/malformed", 0)]
     return row
 
 
@@ -130,7 +135,11 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    crl = [r for r in rows if r.get("extractor_reward") or r.get("extractor_valid_rate")]
+    if crl:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
         pts = [(e.get("train_time_s", 0.0) / 60, 100 * e["success"]) for e in r["evals"]]
         if pts:
@@ -146,6 +155,20 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    if crl:
+        for r in crl:
+            if r.get("extractor_reward"):
+                ax2.plot(*zip(*r["extractor_reward"], strict=True), marker="o",
+                         label=f"seed {r['seed']}: meta-reward (mean ±1 outcome)")
+            if r.get("extractor_valid_rate"):
+                ax2.plot(*zip(*r["extractor_valid_rate"], strict=True), linestyle="--",
+                         label=f"seed {r['seed']}: valid-operation rate so far")
+        ax2.set_xlabel("training step")
+        ax2.set_title("crl extractor over training", fontsize=9)
+        ax2.set_ylim(-1.05, 1.05)
+        ax2.axhline(0, color="grey", linewidth=0.5)
+        ax2.grid(alpha=0.3)
+        ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -159,6 +182,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "train_cpu", help="run folders (resumed if present)")
     p.add_argument("--report", action="store_true", help="only rebuild the results from the run folders in --work")
+    p.add_argument("--plot", action="store_true", help="only redraw the PNG from the results JSON (no run folders needed)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. --set lr=2e-3 --set ppo-epochs=2 (use with --tag)")
     p.add_argument("--tag", default="", help="a name for this variant: runs in <work>/<tag>/, results in train_cpu_<tag>.*")
@@ -173,6 +197,11 @@ def main() -> None:
     name = f"train_cpu_{args.tag}" if args.tag else "train_cpu"
     # seed-major, so with --jobs 2 each mode's runs share the machine with the other mode's
     jobs = [(m, int(s)) for s in args.seeds.split(",") for m in args.modes.split(",")]
+    if args.plot:
+        saved = json.loads((RESULTS / f"{name}.json").read_text())
+        plot(saved["runs"], RESULTS / f"{name}.png", saved["settings"], saved["jobs"])
+        print(f"wrote {RESULTS / (name + '.png')}")
+        return
     if args.report:
         rows = [summarise(m, s, work / f"{m}-seed{s}") for m, s in jobs if (work / f"{m}-seed{s}").exists()]
     else:
