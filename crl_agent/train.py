@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crl_agent.agents import parse_agent_args
 from crl_agent.agents.base import EpisodeContext
 from crl_agent.llm.base import LLMError
 from crl_agent.rollout import Episode, PoolSlot, run_episode
@@ -608,20 +609,6 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
 
 
 # ---------------------------------------------------------------------------------------- CLI
-def parse_agent_args(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings as ``eval.run --agent-arg`` reads them (VALUE as JSON when it parses)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise ValueError(f"--agent-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m crl_agent.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="run folder (metrics, evals, checkpoint, bank, curve)")

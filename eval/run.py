@@ -28,7 +28,7 @@ from typing import Any
 import gymnasium as gym
 from tqdm import tqdm
 
-from crl_agent.agents import BUILTIN, Agent, EpisodeContext, load_agent_class
+from crl_agent.agents import BUILTIN, Agent, EpisodeContext, load_agent_class, parse_agent_args
 from crl_agent.rollout import Episode, PoolSlot, episode_key, run_episode
 from crl_envs.pool import make_pool
 from crl_envs.registry import has_solver
@@ -177,14 +177,7 @@ def agent_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs = {k: getattr(args, k) for k in AGENT_FLAGS if getattr(args, k, None) is not None}
     if "bank" in kwargs:
         kwargs["bank"] = str(kwargs["bank"])
-    for item in args.agent_arg:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise ValueError(f"--agent-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
-        try:
-            kwargs[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            kwargs[key] = raw
+    kwargs.update(parse_agent_args(args.agent_arg))
     return kwargs
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import json
+from typing import Any
 
 from crl_agent.agents.base import Agent, EpisodeContext, Policy
 
@@ -13,7 +15,7 @@ BUILTIN = {
     "crl": "crl_agent.agents.crl:CRLAgent",
 }
 
-__all__ = ["Agent", "Episode", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "BUILTIN"]
+__all__ = ["Agent", "Episode", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "parse_agent_args", "BUILTIN"]
 
 
 def load_agent_class(name: str) -> type[Agent]:
@@ -29,6 +31,20 @@ def load_agent_class(name: str) -> type[Agent]:
     if not (isinstance(cls, type) and issubclass(cls, Agent)):
         raise ValueError(f"{path!r} is not a subclass of crl_agent.agents.base.Agent")
     return cls
+
+
+def parse_agent_args(items: list[str]) -> dict[str, Any]:
+    """``--agent-arg KEY=VALUE`` strings as constructor arguments (VALUE read as JSON when it parses, else text)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--agent-arg {item!r}: expected KEY=VALUE with KEY a Python identifier")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
 
 
 def __getattr__(name: str):
