@@ -86,13 +86,16 @@ def test_bundled_instances_get_base_env_and_instance_images_named_as_swebench_do
 @pytest.mark.usefixtures("docker_images")
 def test_a_missing_image_is_a_clear_error_naming_the_build_command_and_nothing_is_pulled(insts):
     ghost = replace(insts[0], instance_id="crl-mini__ghost-1")
-    before = subprocess.run(["docker", "images", "-q"], capture_output=True, text=True, check=True).stdout
+    def image_ids() -> list[str]:  # as a sorted list: images created in the same second list in any order
+        return sorted(subprocess.run(["docker", "images", "-q"], capture_output=True, text=True, check=True).stdout.split())
+
+    before = image_ids()
     start = time.monotonic()
     with pytest.raises(ImageMissing, match=r"never pulled: build it with `python -m crl_envs\.swe\.images build "
                                            r"--bundled --ids crl-mini__ghost-1`"):
         ds.DockerSandbox(ghost)
     assert time.monotonic() - start < 10
-    assert subprocess.run(["docker", "images", "-q"], capture_output=True, text=True, check=True).stdout == before
+    assert image_ids() == before
     stale = replace(insts[0], base_commit="0" * 40)
     with pytest.raises(ImageMissing, match=r"holds commit .* rebuild it with .*--force"):
         resolve_image(stale)
