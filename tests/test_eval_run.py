@@ -422,10 +422,12 @@ def test_ctrl_c_stops_cleanly_and_names_the_resume_command(tmp_path):
     import time
 
     out = tmp_path / "run"
-    # 2,000 episodes of ~0.2 s: on a loaded machine 200 could all finish before the signal arrives
     cmd = [sys.executable, "-m", "eval.run", "--quiet", "--out", str(out), "--agent",
            "tests.test_eval_run:SlowOracleAgent", "--tasks", "crl/Sokoban-6x6-1-v0", "--episodes", "2000"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # as a terminal's Ctrl-C finds it: a suite started in the background (`cmd &`) inherits SIGINT ignored,
+    # and so would the run, which would then never see the signal
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     episodes = out / "episodes.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
