@@ -111,8 +111,8 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
         row["extractor_reward"] = [(m["step"], m["extractor/reward"]) for m in metrics if "extractor/reward" in m]
         # the valid-operation rate so far, after each step (the counters are cumulative)
         row["extractor_valid_rate"] = [
-            (m["step"], m["extractor/valid_ops"] / (m["extractor/valid_ops"] + m["extractor/malformed"]))
-            for m in metrics if m.get("extractor/valid_ops", 0) + m.get("extractor/malformed", 0)]
+            (m["step"], m.get("extractor/valid_ops", 0) / total)
+            for m in metrics if (total := m.get("extractor/valid_ops", 0) + m.get("extractor/malformed", 0))]
     return row
 
 
