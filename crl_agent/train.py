@@ -101,6 +101,8 @@ class TrainConfig:
     distil_max_tokens: int = 512  # extractor reply cap per distillation (CPU runs: smaller is much faster)
     distil_chars: int = 8000  # trajectory text budget in the distillation prompt
     distil_workers: int = 8  # distillations in flight at once (the backend batches them; 1: one after another)
+    distil_per_group: int = 0  # crl: distil this many rollouts of each group, half from each half (0: all, as the
+    # official code); every rollout's outcome still credits the experience that guided it
     merge_every: int = 1  # merge near-duplicate entries every N steps, before that step's rollout (0: never)
     eval_every: int = 5  # held-out evaluation every N steps (and at the start and end); 0: only at the end
     eval_episodes: int = 64
@@ -134,8 +136,10 @@ class TrainConfig:
                              "held-out seeds from it up")
         if min(self.steps, self.groups, self.eval_episodes, self.concurrency, self.distil_workers) < 1:
             raise ValueError("--steps, --groups, --eval-episodes, --concurrency and --distil-workers must be >= 1")
-        if self.eval_every < 0 or self.merge_every < 0:
-            raise ValueError("--eval-every and --merge-every must be >= 0")
+        if self.eval_every < 0 or self.merge_every < 0 or self.distil_per_group < 0:
+            raise ValueError("--eval-every, --merge-every and --distil-per-group must be >= 0")
+        if self.distil_per_group > self.group_size:
+            raise ValueError("--distil-per-group must be at most --group-size")
         taken = sorted(set(self.agent_args) & TRAINER_AGENT_ARGS)
         if taken:
             raise ValueError(f"--agent-arg {', '.join(taken)}: set by the trainer (use its own flags: --model, "
@@ -201,6 +205,21 @@ def manager_settings(cfg: TrainConfig) -> dict[str, Any]:
     """
     return {"distil_params": {"max_tokens": cfg.distil_max_tokens, "temperature": 0.7},
             "max_trajectory_chars": cfg.distil_chars, "distil_workers": cfg.distil_workers, "merge_every": 0}
+
+
+def distil_choice(cfg: TrainConfig, rng: random.Random) -> set[tuple[int, int]]:
+    """The (group, rollout) pairs whose episodes the extractor distils this step: every one, or
+    ``distil_per_group`` of each group drawn at random, alternately from the half without experience and
+    the half with it."""
+    if not cfg.distil_per_group or cfg.distil_per_group >= cfg.group_size:
+        return {(g, k) for g in range(cfg.groups) for k in range(cfg.group_size)}
+    half = cfg.group_size // 2
+    chosen = set()
+    for g in range(cfg.groups):
+        halves = [rng.sample(range(half), half), rng.sample(range(half, cfg.group_size), cfg.group_size - half)]
+        for i in range(cfg.distil_per_group):
+            chosen.add((g, halves[i % 2][i // 2]))
+    return chosen
 
 
 async def play(cfg: TrainConfig, agent, episodes: list[EpisodeContext], explore: float) -> list[Episode]:
@@ -486,7 +505,9 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
         raise SystemExit(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
     if resume and ckpt_path.exists():  # refused before anything loads (or opens the bank)
         saved = torch.load(ckpt_path, weights_only=False, map_location="cpu")["config"]  # what the weights came from
-        saved.setdefault("agent_args", {})  # runs from before --agent-arg had none
+        # a run from before a field existed ran with its default (e.g. --agent-arg, --distil-per-group)
+        for f in dataclasses.fields(TrainConfig):
+            saved.setdefault(f.name, f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
         resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
         diff = config_diff({k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}, resumable)
         if diff:
@@ -537,7 +558,9 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                     merged = await manager.merge()
             # training seeds stay below --eval-seed, so no held-out seed is ever trained on
             seeds = [(cfg.seed * 100_003 + step * cfg.groups + g) % cfg.eval_seed for g in range(cfg.groups)]
-            ctxs = [EpisodeContext(cfg.env, s, g, sample=k, with_experience=cfg.mode == "crl" and k >= half)
+            distilled = distil_choice(cfg, random.Random(cfg.seed * 7_919 + step))
+            ctxs = [EpisodeContext(cfg.env, s, g, sample=k, with_experience=cfg.mode == "crl" and k >= half,
+                                   distil=(g, k) in distilled)
                     for g, s in enumerate(seeds) for k in range(cfg.group_size)]
             episodes = await play(cfg, agent, ctxs, explore=cfg.explore)
             rollout_s = time.perf_counter() - t0

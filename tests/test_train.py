@@ -134,6 +134,38 @@ def test_agent_args_reach_the_agent_and_the_eval_command_and_trainer_owned_ones_
                        "distil_workers": 4, "merge_threshold": 0.95}
 
 
+def test_distil_per_group_picks_that_many_rollouts_of_each_group_alternating_halves():
+    import random
+
+    from crl_agent.train import distil_choice
+
+    every = distil_choice(TrainConfig(mode="crl", groups=2, group_size=8), random.Random(0))
+    assert every == {(g, k) for g in range(2) for k in range(8)}  # default: all, as the official code
+    for n in (1, 2, 3, 5):
+        picked = distil_choice(TrainConfig(mode="crl", groups=3, group_size=8, distil_per_group=n), random.Random(n))
+        for g in range(3):
+            ks = [k for gg, k in picked if gg == g]
+            assert len(ks) == n and len([k for k in ks if k < 4]) == (n + 1) // 2, (n, ks)  # without experience first
+    draws = {frozenset(distil_choice(TrainConfig(mode="crl", groups=1, group_size=8, distil_per_group=2),
+                                     random.Random(i))) for i in range(20)}
+    assert len(draws) > 5  # a random subset, not always the same rollouts
+    with pytest.raises(ValueError, match="distil-per-group"):
+        TrainConfig(mode="crl", group_size=4, distil_per_group=5).check()
+
+
+def test_a_crl_step_with_distil_per_group_distils_only_that_many_episodes(tiny, tmp_path):
+    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+            "--groups", "2", "--group-size", "4", "--eval-episodes", "1", "--eval-every", "0", "--embedder", "hash",
+            "--lora-rank", "4", "--distil-max-tokens", "16", "--distil-per-group", "1", "--steps", "2",
+            "--agent-arg", "max_tool_calls=0"]
+    assert main(args) == 0
+    calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
+    distilled = [c for c in calls if c.get("type") == "call" and c.get("kind") == "distil"]
+    assert len(distilled) == 4, len(distilled)  # 2 steps x 2 groups x 1, of 16 training episodes
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["episodes"] == 8 for r in rows)
+
+
 def _episode(turns: int):
     from crl_agent.rollout import Episode, Step
 

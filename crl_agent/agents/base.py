@@ -41,6 +41,9 @@ class EpisodeContext:
             times; policies mix it into their sampling seed so the samples differ.
         with_experience: whether a policy that can use test-time experience (the ``crl`` agent) uses it in
             this episode; Complementary RL's split groups play half their rollouts without it.
+        distil: whether an agent that learns from finished episodes (the ``crl`` agent's extractor)
+            distils this one; its outcome still credits the experience that guided it (a trainer on a
+            small budget distils a subset of each group).
         oracle: coroutine returning the env's solver action for the current state;
             only for the ``oracle`` agent (``None`` where the env has no solver).
     """
@@ -50,6 +53,7 @@ class EpisodeContext:
     episode_index: int = 0
     sample: int = 0
     with_experience: bool = True
+    distil: bool = True
     oracle: Callable[[], Awaitable[str]] | None = None
 
 

@@ -345,6 +345,8 @@ class CRLAgent(LLMAgent):
         key = episode.key
         guided = policy.guided_by()
         self.manager.record_outcome(key, guided, episode.success, policy.ask_calls)
+        if not ctx.distil:
+            return
         traj = Trajectory(id=f"{key}@{self.manager.run_tag}", task=ctx.env_id, goal=policy.goal or episode.task,
                           steps=[(s.observation, s.action) for s in episode.steps], success=episode.success,
                           progress=episode.progress, retrieved=guided, final_observation=episode.final_observation)
