@@ -149,8 +149,14 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------- plumbing
-def build(cfg: TrainConfig, out: Path):
-    """The actor's backend (LoRA-wrapped weights), its learner, and the agent that plays episodes."""
+def build(cfg: TrainConfig, out: Path, dist=None):
+    """The actor's backend (LoRA-wrapped weights), its learner, and the agent that plays episodes.
+
+    Under ``torchrun`` (``dist.world > 1``) each rank builds its own copy on ``dist.device``; the learner
+    averages gradients over ranks, and in crl mode only rank 0 loads the extractor: the other ranks'
+    agents search a copy of rank 0's bank (``run_dir`` is their own folder) and send their episodes'
+    credit and trajectories to rank 0 through ``agent.outbox``.
+    """
     from crl_agent.agents.crl import CRLAgent
     from crl_agent.agents.llm import LLMAgent
     from crl_agent.llm import make_llm
@@ -173,22 +179,33 @@ def build(cfg: TrainConfig, out: Path):
     else:
         llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)
         trained = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: shared
-    learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget)
+    many = dist is not None and dist.world > 1
+    if many:
+        dist.broadcast_parameters([p for p in trained.parameters() if p.requires_grad])  # LoRA starts random
+    learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget,
+                            reduce_gradients=dist.reduce_gradients if many else None)
     opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed,
                 history=cfg.history)
     extractor = extractor_learner = None
     if cfg.mode == "crl":
-        extractor = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed + 1,
-                             **threads)
-        ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
-        extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo", token_budget=cfg.token_budget)
+        main_rank = not many or dist.main
+        if main_rank:
+            extractor = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed + 1,
+                                 **threads)
+            ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
+            extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo",
+                                              token_budget=cfg.token_budget)
         extra = dict(cfg.agent_args)
         manager_config = {**manager_settings(cfg), **extra.pop("manager_config", {})}
         try:
-            agent = CRLAgent(llm=llm, extractor=extractor, run_dir=str(out), embedder=cfg.embedder,
-                             manager_config=manager_config, **opts, **extra)
+            # other ranks never distil (their episodes go to rank 0): their manager gets the actor as a
+            # placeholder extractor rather than a second model
+            agent = CRLAgent(llm=llm, extractor=extractor if main_rank else llm, run_dir=str(out),
+                             embedder=cfg.embedder, manager_config=manager_config, **opts, **extra)
         except (TypeError, ValueError) as e:
             raise ValueError(f"--agent-arg: {e}") from e
+        if not main_rank:
+            agent.outbox = []
     else:
         try:
             agent = LLMAgent(llm=llm, **opts, **cfg.agent_args)
@@ -300,7 +317,15 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
     return samples
 
 
-async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: int = 1) -> dict[str, float]:
+def loss_weight(episodes: list[Episode], weighting: str) -> float:
+    """What :func:`turn_samples`' loss averages over: its episodes with a scored turn, or their scored
+    turns (so ranks of a data-parallel run combine as one batch)."""
+    counts = [sum(1 for s in ep.steps if (s.turn or {}).get("method") == "score") for ep in episodes]
+    return float(sum(1 for n in counts if n) if weighting == "episode" else sum(counts))
+
+
+async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: int = 1,
+                 weight: float | None = None) -> dict[str, float]:
     """``epochs`` learner updates on ``samples``; then the backend serves the new weights, stamped with the
     learner's version.
 
@@ -311,14 +336,14 @@ async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: in
     ratio moves away from 1 and the clip engages; ``stale`` reports the first epoch's count.
     """
     metrics: dict[str, float] = {}
-    if not samples:
+    if not samples and learner.reduce_gradients is None:  # a rank of several joins the collective even so
         return metrics
 
     def run(_model=None) -> None:
         before = learner.version
-        first = last = learner.update(samples)
+        first = last = learner.update(samples, weight)
         for _ in range(epochs - 1):
-            last = learner.update(samples)
+            last = learner.update(samples, weight)
         metrics.update(last, stale=first["stale"], stale_dropped=first["stale_dropped"], epochs=float(epochs),
                        updated=float(learner.version - before))
 
@@ -350,8 +375,10 @@ def extractor_samples(manager, step: int, cooldown: int, batch: int):
     return samples, ready
 
 
-async def evaluate(cfg: TrainConfig, agent, step: int) -> dict[str, Any]:
-    """Held-out success with the pure policy (no exploration), with and without experience in crl mode."""
+async def evaluate(cfg: TrainConfig, agent, step: int, dist=None) -> dict[str, Any]:
+    """Held-out success with the pure policy (no exploration), with and without experience in crl mode.
+
+    Under torchrun each rank plays its share of the seeds and every rank gets the same row."""
     seeds = range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes)
     row: dict[str, Any] = {"step": step}
     learning = getattr(agent, "learning", None)
@@ -359,22 +386,26 @@ async def evaluate(cfg: TrainConfig, agent, step: int) -> dict[str, Any]:
         agent.learning = False  # held-out episodes are never distilled nor credited to entries
     try:
         for with_exp in ([False, True] if cfg.mode == "crl" else [False]):
-            await _evaluate_half(cfg, agent, seeds, with_exp, row)
+            await _evaluate_half(cfg, agent, seeds, with_exp, row, dist)
     finally:
         if learning is not None:
             agent.learning = learning
     return row
 
 
-async def _evaluate_half(cfg: TrainConfig, agent, seeds: range, with_exp: bool, row: dict[str, Any]) -> None:
-    eps = await play(cfg, agent, [EpisodeContext(cfg.env, s, i, with_experience=with_exp)
-                                  for i, s in enumerate(seeds)], explore=0.0)
-    ok = [e.success for e in eps if e.error is None]
+async def _evaluate_half(cfg: TrainConfig, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None) -> None:
+    mine = dist.share(len(seeds)) if dist is not None else range(len(seeds))
+    eps = await play(cfg, agent, [EpisodeContext(cfg.env, seeds[i], i, with_experience=with_exp) for i in mine],
+                     explore=0.0)
+    results = [(e.success, e.error is not None, e.actions) for e in eps]
+    if dist is not None:
+        results = [r for part in dist.gather(results) for r in part]
+    n = len(results)
     key, tag = ("with_experience", "_with_experience") if with_exp else ("success", "")
-    row[key] = sum(ok) / len(eps)
-    row[key + "_se"] = math.sqrt(row[key] * (1 - row[key]) / len(eps))
-    row["errored" + tag] = sum(e.error is not None for e in eps)
-    row["mean_actions" + tag] = sum(e.actions for e in eps) / len(eps)
+    row[key] = sum(ok for ok, err, _ in results if not err) / n
+    row[key + "_se"] = math.sqrt(row[key] * (1 - row[key]) / n)
+    row["errored" + tag] = sum(err for _, err, _ in results)
+    row["mean_actions" + tag] = sum(a for _, _, a in results) / n
 
 
 def plot_curve(out: Path, evals: list[dict[str, Any]], cfg: TrainConfig) -> Path:
@@ -492,14 +523,54 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------------------------- the loop
 async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:
-    """Run ``cfg``; returns the held-out evaluations."""
+    """Run ``cfg``; returns the held-out evaluations. Under ``torchrun`` every rank calls this (see
+    :mod:`crl_agent.rl.distributed`); rank 0 writes ``out``."""
+    from crl_agent.rl import Distributed
+
+    cfg.check()
+    dist = Distributed(cfg.device)
+    try:
+        check_world(cfg, dist)
+        return await _train(cfg, out, dist, resume, quiet)
+    finally:
+        dist.close()
+
+
+def check_world(cfg: TrainConfig, dist) -> None:
+    """What a multi-process run needs (each rank plays whole groups; asks are answered on rank 0 only)."""
+    if dist.world == 1:
+        return
+    if cfg.groups < dist.world or cfg.eval_episodes < dist.world:
+        raise ValueError(f"--groups and --eval-episodes must be at least the number of processes ({dist.world}): "
+                         "each rank plays whole groups and its share of the held-out seeds")
+    if cfg.mode == "crl" and cfg.agent_args.get("max_tool_calls", 2) != 0:
+        raise ValueError("crl mode under torchrun needs --agent-arg max_tool_calls=0: a search-and-ask is answered "
+                         "by the extractor, which only rank 0 holds")
+
+
+async def sync_bank(agent, out: Path, dist) -> None:
+    """Rank 0 flushes its bank to disk; every other rank searches a fresh copy of it from now on."""
+    manager = getattr(agent, "manager", None)
+    if dist.world == 1 or manager is None:
+        return
+    if dist.main:
+        await manager.flush()
+    dist.barrier()
+    if not dist.main:
+        await agent.load_bank_snapshot(out / "experience_bank")
+    dist.barrier()  # rank 0 writes nothing until every copy is made
+
+
+async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -> list[dict[str, Any]]:
     import torch
     from tqdm import tqdm
 
     from crl_agent.rl import config_diff, load_checkpoint, save_checkpoint, split_group_advantages
 
-    cfg.check()
-    out.mkdir(parents=True, exist_ok=True)
+    main_rank = dist.main
+    # rank 0 owns `out`; the other ranks keep their bank copy and adapter exports in a folder of their own
+    home = out if main_rank else out / "ranks" / f"rank{dist.rank}"
+    home.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
     if ckpt_path.exists() and not resume:
         raise SystemExit(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
@@ -513,10 +584,13 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
         if diff:
             raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}); "
                              "use the same options or another --out")
+    dist.barrier()  # every rank has read the checkpoint's config before rank 0 may write anything
     torch.manual_seed(cfg.seed)
-    llm, trained, learner, agent, extractor, ext_learner = build(cfg, out)
+    llm, trained, learner, agent, extractor, ext_learner = build(dataclasses.replace(cfg, device=dist.device), home,
+                                                                 dist)
     start, evals, trained_before = 0, [], 0.0  # trained_before: training seconds of earlier sessions of this run
     if resume and ckpt_path.exists():
+        # every rank restores the same weights and optimiser state from rank 0's checkpoint
         models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
         learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
         ck = load_checkpoint(ckpt_path, models=models, learners=learners)
@@ -526,44 +600,62 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
         if not hasattr(llm, "update_weights") and learner.version:  # vLLM: serve the restored adapter
             from crl_agent.rl import export_weights
 
-            llm.load_adapter(str(export_weights(trained, out / "adapters" / "actor")), version=learner.version)
+            llm.load_adapter(str(export_weights(trained, home / "adapters" / "actor")), version=learner.version)
         if extractor is not None:
             extractor.set_policy_version(ext_learner.version)
-    # a run killed after writing a step's rows but before its checkpoint redoes that step: drop those rows
-    rewrite_jsonl(out / "metrics.jsonl", lambda row: row.get("step", 0) <= start)
-    rewrite_jsonl(out / "evals.jsonl", lambda row: row in evals)
-    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    if not dist.same_weights(learner.params):
+        raise RuntimeError("the ranks do not hold the same actor weights (a checkpoint written under another setup?)")
+    if main_rank:
+        # a run killed after writing a step's rows but before its checkpoint redoes that step: drop those rows
+        rewrite_jsonl(out / "metrics.jsonl", lambda row: row.get("step", 0) <= start)
+        rewrite_jsonl(out / "evals.jsonl", lambda row: row in evals)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     half = cfg.group_size // 2
-    scalars = Scalars(out)
+    scalars = Scalars(out) if main_rank else None
     try:
         if not evals:
-            evals.append(await evaluate(cfg, agent, 0))
-            append_jsonl(out / "evals.jsonl", evals[-1])
-            scalars.add(evals[-1], "heldout/")
-        bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}", disable=quiet)
+            await sync_bank(agent, out, dist)
+            evals.append(await evaluate(cfg, agent, 0, dist))
+            if main_rank:
+                append_jsonl(out / "evals.jsonl", evals[-1])
+                scalars.add(evals[-1], "heldout/")
+        bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}",
+                   disable=quiet or not main_rank)
         began, eval_s = time.perf_counter(), 0.0  # the time budget counts training, not held-out evaluation
 
         def trained_s() -> float:  # over every session of this run (a resumed run continues its budget)
             return trained_before + time.perf_counter() - began - eval_s
 
         for step in bar:
-            last = step + 1 == cfg.steps or (cfg.time_budget_min > 0 and trained_s() > 60 * cfg.time_budget_min)
+            # rank 0's clock decides, so every rank stops after the same step
+            last = dist.broadcast(step + 1 == cfg.steps or (cfg.time_budget_min > 0
+                                                            and trained_s() > 60 * cfg.time_budget_min))
             t0 = time.perf_counter()
             # 1. rollout: `groups` seeds x K rollouts; crl: the first K/2 of each group without experience
             manager = getattr(agent, "manager", None)
             merged = {}
-            if manager is not None:
+            if manager is not None and main_rank:
                 await manager.flush()
                 if cfg.merge_every and step and step % cfg.merge_every == 0:
                     merged = await manager.merge()
+            await sync_bank(agent, out, dist)
             # training seeds stay below --eval-seed, so no held-out seed is ever trained on
             seeds = [(cfg.seed * 100_003 + step * cfg.groups + g) % cfg.eval_seed for g in range(cfg.groups)]
             distilled = distil_choice(cfg, random.Random(cfg.seed * 7_919 + step))
-            ctxs = [EpisodeContext(cfg.env, s, g, sample=k, with_experience=cfg.mode == "crl" and k >= half,
+            # each rank plays whole groups (round robin), so advantages need no communication
+            ctxs = [EpisodeContext(cfg.env, seeds[g], g, sample=k, with_experience=cfg.mode == "crl" and k >= half,
                                    distil=(g, k) in distilled)
-                    for g, s in enumerate(seeds) for k in range(cfg.group_size)]
+                    for g in dist.share(cfg.groups) for k in range(cfg.group_size)]
             episodes = await play(cfg, agent, ctxs, explore=cfg.explore)
             rollout_s = time.perf_counter() - t0
+            if manager is not None and dist.world > 1:  # the other ranks' episodes reach rank 0's manager
+                outbox = [] if main_rank else agent.outbox
+                received = dist.gather(outbox)
+                if main_rank:
+                    for credit in (c for part in received[1:] for c in part):
+                        agent.credit(credit, remote=True)
+                else:
+                    agent.outbox = []
             kept = [(c, e) for c, e in zip(ctxs, episodes, strict=True) if e.error is None]
             # 2. advantages within each (seed, with/without experience) half
             rewards = [float(e.success) for _, e in kept]
@@ -571,22 +663,32 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                                          scale=cfg.adv_scale).tolist() if kept else []
             # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
             samples = turn_samples([e for _, e in kept], adv, cfg.turn_weight, cfg.turns_per_episode,
-                                   random.Random(cfg.seed * 1_000_003 + step))
+                                   random.Random(cfg.seed * 1_000_003 + step * 997 + dist.rank))
             t1 = time.perf_counter()
-            metrics = await update(llm, learner, samples, out / "adapters" / "actor", cfg.ppo_epochs)
-            tokens = rollout_tokens(episodes)
+            metrics = await update(llm, learner, samples, home / "adapters" / "actor", cfg.ppo_epochs,
+                                   weight=loss_weight([e for _, e in kept], cfg.turn_weight))
+            # the step's numbers over every rank's episodes
+            local = {"rewards": [(c.with_experience, r) for (c, _), r in zip(kept, rewards, strict=True)],
+                     "episodes": len(episodes), "tokens": rollout_tokens(episodes), "samples": len(samples)}
+            parts = dist.gather(local)
+            every = [x for p in parts for x in p["rewards"]]
+            n_episodes = sum(p["episodes"] for p in parts)
+            tokens = sum(p["tokens"] for p in parts)
             row = {"step": step + 1, "time_s": 0.0, "rollout_s": rollout_s, "update_s": time.perf_counter() - t1,
                    "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
-                   "samples": len(samples), "episodes": len(episodes), "errored": len(episodes) - len(kept),
-                   "train_success": sum(rewards) / max(1, len(rewards)),
+                   "samples": sum(p["samples"] for p in parts), "episodes": n_episodes,
+                   "errored": n_episodes - len(every),
+                   "train_success": sum(r for _, r in every) / max(1, len(every)),
                    **{f"actor/{k}": v for k, v in metrics.items()}}
+            if dist.world > 1:
+                row["processes"] = dist.world
             if cfg.mode == "crl":
-                wo = [r for (c, _), r in zip(kept, rewards, strict=True) if not c.with_experience]
-                wi = [r for (c, _), r in zip(kept, rewards, strict=True) if c.with_experience]
+                wo = [r for w, r in every if not w]
+                wi = [r for w, r in every if w]
                 row["train_success_without_experience"] = sum(wo) / max(1, len(wo))
                 row["train_success_with_experience"] = sum(wi) / max(1, len(wi))
-            # 4. extractor update (CISPO on meta-rewarded calls), bank writes flushed first
-            if manager is not None:
+            # 4. extractor update (CISPO on meta-rewarded calls), bank writes flushed first: rank 0 only
+            if manager is not None and main_rank:
                 stats = manager.stats
                 row["extractor/distillations"] = stats.get("distillations", 0)
                 row["extractor/valid_ops"] = stats.get("ops_applied", stats.get("adds", 0))
@@ -603,28 +705,34 @@ async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool =
                         row.update({f"extractor/{k}": v for k, v in ext_metrics.items()})
                         row["extractor/reward"] = sum(s.reward for s in used) / len(used)
             row["time_s"] = time.perf_counter() - t0
-            append_jsonl(out / "metrics.jsonl", row)
-            scalars.add(row, "train/")
+            if main_rank:
+                append_jsonl(out / "metrics.jsonl", row)
+                scalars.add(row, "train/")
             bar.set_postfix(success=f"{row['train_success']:.2f}")
             # 5. held-out evaluation and an atomic checkpoint
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
                 t_eval = time.perf_counter()
-                evals.append(await evaluate(cfg, agent, step + 1))
+                await sync_bank(agent, out, dist)
+                evals.append(await evaluate(cfg, agent, step + 1, dist))
                 done = time.perf_counter()
                 evals[-1].update(train_time_s=trained_s() - (done - t_eval), eval_time_s=done - t_eval)
                 eval_s += done - t_eval
-                scalars.add(evals[-1], "heldout/")
-                append_jsonl(out / "evals.jsonl", evals[-1])
-            models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
-            learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
-            save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
-                            learners=learners, extra={"evals": evals, "train_time_s": trained_s()})
-            export(cfg, out, llm, trained, extractor, ext_learner, final=last)
+                if main_rank:
+                    scalars.add(evals[-1], "heldout/")
+                    append_jsonl(out / "evals.jsonl", evals[-1])
+            if main_rank:
+                models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
+                learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
+                save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
+                                learners=learners, extra={"evals": evals, "train_time_s": trained_s()})
+                export(cfg, out, llm, trained, extractor, ext_learner, final=last)
             if last:
                 break
-        plot_curve(out, evals, cfg)
+        if main_rank:
+            plot_curve(out, evals, cfg)
     finally:
-        scalars.close()
+        if scalars is not None:
+            scalars.close()
         await agent.aclose()
         if extractor is not None:
             await extractor.aclose()

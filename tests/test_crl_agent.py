@@ -207,3 +207,39 @@ def test_manager_config_from_the_command_line_takes_plain_dicts_for_sampling(tmp
         assert (cfg.distil_params.max_tokens, cfg.distil_params.temperature, cfg.max_trajectory_chars) == (7, 0.5, 900)
     finally:
         asyncio.run(agent.aclose())
+
+
+def test_a_rank_with_an_outbox_plays_from_a_bank_snapshot_and_rank_0_credits_and_distils(tmp_path):
+    """What a trainer's ranks other than 0 do: search a copy of rank 0's bank, send episodes to rank 0."""
+    owner_script, other_script = Script(), Script()
+    owner = make(tmp_path / "rank0", owner_script, sync_experience=True)
+    other = make(tmp_path / "rank1", other_script)
+    other.outbox = []
+
+    async def main():
+        owner.bank.add(ENV, "Corners", "If a box is pushed into a corner, then restart.", origin="call-0")
+        await owner.manager.flush()
+        await other.load_bank_snapshot(owner.bank_path)
+        owner.bank.add(ENV, "Later", "Added after the copy: rank 1 cannot see it yet.")
+        (result,) = await play(other, [0])
+        assert result.error is None and result.extra["experience_shown"] == 1
+        assert "Corners" in other_script.actor_chats[0][0]["content"]
+        assert "Later" not in other_script.actor_chats[0][0]["content"]
+        # nothing was credited or distilled on rank 1: its episode waits in the outbox
+        (credit,) = other.outbox
+        assert credit.trajectory is not None and [e.title for e in credit.guided] == ["Corners"]
+        assert other.manager.pending == 0 and other_script.distils == 0
+        owner.credit(credit, remote=True)
+        await owner.manager.flush()
+        retrieved = owner.bank.get(credit.guided[0].id).retrieve_count
+        with pytest.raises(ValueError, match="own bank"):
+            await owner.load_bank_snapshot(owner.bank_path)
+        await other.aclose()
+        await owner.aclose()
+        return retrieved
+
+    retrieved = asyncio.run(main())
+    assert owner_script.distils == 1 and retrieved == 1  # rank 0 distilled it and recorded the retrieval
+    log = [json.loads(x) for x in (tmp_path / "rank0" / "run" / "extractor_calls.jsonl").read_text().splitlines()]
+    outcome = next(r for r in log if r["type"] == "outcome")
+    assert outcome["call_ids"] == ["call-0"] and outcome["outcome"] == -1.0

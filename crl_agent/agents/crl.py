@@ -34,7 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +196,18 @@ class CRLPolicy(LLMPolicy):
         return list(seen.values())
 
 
+@dataclass
+class EpisodeCredit:
+    """What a finished training episode gives the experience side: the outcome credited to the entries
+    (and search answers) that guided it, and the trajectory to distil (``None``: not distilled)."""
+
+    key: str
+    guided: list[ExperienceEntry]
+    success: bool
+    ask_calls: list[str]
+    trajectory: Trajectory | None
+
+
 class CRLAgent(LLMAgent):
     """The ``llm`` agent with an experience bank, search-and-ask, and background distillation.
 
@@ -263,6 +275,9 @@ class CRLAgent(LLMAgent):
         self._policies: dict[int, tuple[EpisodeContext, CRLPolicy]] = {}
         self._final: dict[str, Any] = {}
         self.bank_path: Path | None = None
+        # a trainer's ranks other than 0 set a list here: finished episodes' credit and trajectories go
+        # to it, and rank 0's agent takes them (`credit(..., remote=True)`), instead of this manager
+        self.outbox: list[EpisodeCredit] | None = None
         if experience == "on":
             if bank is not None:
                 self.bank_path = Path(bank)
@@ -344,13 +359,44 @@ class CRLAgent(LLMAgent):
             return  # an env crash or timeout says nothing about the experience; a frozen bank learns nothing
         key = episode.key
         guided = policy.guided_by()
-        self.manager.record_outcome(key, guided, episode.success, policy.ask_calls)
-        if not ctx.distil:
-            return
         traj = Trajectory(id=f"{key}@{self.manager.run_tag}", task=ctx.env_id, goal=policy.goal or episode.task,
                           steps=[(s.observation, s.action) for s in episode.steps], success=episode.success,
                           progress=episode.progress, retrieved=guided, final_observation=episode.final_observation)
-        self.manager.submit(traj)
+        credit = EpisodeCredit(key, guided, episode.success, list(policy.ask_calls), traj if ctx.distil else None)
+        if self.outbox is not None:
+            self.outbox.append(credit)  # another process's manager credits and distils it (see `credit`)
+        else:
+            self.credit(credit)
+
+    def credit(self, credit: EpisodeCredit, remote: bool = False) -> None:
+        """Credit an episode's outcome to the calls that guided it and queue its trajectory for distillation.
+
+        ``remote``: the episode was played by another process from a copy of this bank (a trainer's
+        other ranks), so the retrievals it made are recorded here too; entries gone since are skipped.
+        """
+        if self.manager is None or self.bank is None:
+            raise RuntimeError("credit: this agent has no experience manager (experience is off)")
+        if remote:
+            self.bank.record_retrieval([e.id for e in credit.guided if e.id in self.bank])
+        self.manager.record_outcome(credit.key, credit.guided, credit.success, credit.ask_calls)
+        if credit.trajectory is not None:
+            self.manager.submit(credit.trajectory)
+
+    async def load_bank_snapshot(self, source: str | Path) -> None:
+        """Search a fresh copy of the bank folder ``source`` from now on (a trainer's ranks other than 0,
+        before each rollout: rank 0 owns the bank, and has flushed and saved it). This agent's own bank
+        folder is replaced by the copy; its embedder and the manager's settings and RNG are kept."""
+        if self.manager is None or self.bank is None or self.bank_path is None:
+            raise RuntimeError("load_bank_snapshot: this agent has no experience bank (experience is off)")
+        source = Path(source)
+        if source.resolve() == self.bank_path.resolve():
+            raise ValueError(f"load_bank_snapshot: {source} is this agent's own bank")
+        old = self.bank
+        old.close()
+        shutil.rmtree(self.bank_path, ignore_errors=True)
+        shutil.copytree(source, self.bank_path, ignore=shutil.ignore_patterns(".lock"))
+        self.bank = ExperienceBank(self.bank_path, embedder=old.embedder)
+        await self.manager.replace_bank(self.bank)
 
     def config(self) -> dict[str, Any]:
         out = {

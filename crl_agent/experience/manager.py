@@ -172,6 +172,13 @@ class ExperienceManager:
         await self._searches.aclose()
         self.calls.close()
 
+    async def replace_bank(self, bank: ExperienceBank) -> ExperienceBank:
+        """Serve searches and apply operations on ``bank`` from now on; returns the old one (its owner
+        closes it). Waits for searches in flight; call it with no distillation queued."""
+        async with self.lock.write():
+            old, self.bank, self.retriever.bank = self.bank, bank, bank
+        return old
+
     def _new_call_id(self) -> str:
         return f"{self.run_tag}-{next(self._call_counter):06d}"
 

@@ -11,7 +11,7 @@ The pieces a trainer (``python -m crl_agent.train``) imports, each a small modul
 - :mod:`~crl_agent.rl.samples`: ``TurnSample`` (one actor turn as sampled, score or generate mode);
   :mod:`~crl_agent.rl.learner`: ``PolicyLearner`` (one AdamW update per call).
 - :mod:`~crl_agent.rl.lora`: ``add_lora``; :mod:`~crl_agent.rl.checkpoint`: atomic checkpoints and
-  ``config_diff``.
+  ``config_diff``; :mod:`~crl_agent.rl.distributed`: ``Distributed`` (``torchrun`` data parallelism).
 
 Names are imported lazily, so ``crl_agent.rl.credit`` (used by the experience call log) does not
 pull in torch.
@@ -52,6 +52,7 @@ _EXPORTS = {
     "load_checkpoint": "checkpoint",
     "Checkpoint": "checkpoint",
     "config_diff": "checkpoint",
+    "Distributed": "distributed",
 }
 
 __all__ = sorted(_EXPORTS)

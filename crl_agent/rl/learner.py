@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +91,11 @@ class PolicyLearner:
             the importance correction); ``"drop"`` leaves them out.
         score_method: how candidates are scored (see :func:`crl_agent.rl.batch_candidate_logprobs`).
         params: the parameters to train (default: every parameter with ``requires_grad``).
+        reduce_gradients: data-parallel training (see :class:`crl_agent.rl.distributed.Distributed`):
+            called as ``reduce_gradients(params, weight, (active, nonfinite))`` after each update's
+            backward passes, on every rank, even one without samples; it must replace the gradients by
+            the weighted mean over ranks and return the flags summed over ranks, so that every rank
+            clips, steps or skips alike.
     """
 
     def __init__(
@@ -111,6 +116,7 @@ class PolicyLearner:
         on_stale: str = "correct",
         score_method: str = "packed",
         params: Iterable[torch.nn.Parameter] | None = None,
+        reduce_gradients: Callable[[Sequence[torch.Tensor], float, Sequence[float]], list[float]] | None = None,
     ):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
@@ -128,6 +134,7 @@ class PolicyLearner:
         self.loss, self.clip_eps, self.eps_low, self.eps_high = loss, clip_eps, eps_low, eps_high
         self.aggregate, self.max_grad_norm, self.token_budget = aggregate, max_grad_norm, token_budget
         self.max_nonfinite, self.on_stale, self.score_method = max_nonfinite, on_stale, score_method
+        self.reduce_gradients = reduce_gradients
         self.version = 0
         self.nonfinite_in_a_row = 0
 
@@ -148,8 +155,11 @@ class PolicyLearner:
         self.token_budget = int(state.get("token_budget", self.token_budget))
 
     # ------------------------------------------------------------- the update
-    def update(self, samples: Sequence[TurnSample]) -> dict[str, float]:
+    def update(self, samples: Sequence[TurnSample], weight: float | None = None) -> dict[str, float]:
         """One optimiser step from ``samples``; returns metrics (all floats).
+
+        ``weight`` matters only in data-parallel training: what this rank's loss is an average over, so
+        ranks combine as one batch (default: its rows, or its loss tokens under ``token-mean``).
 
         Metrics: ``loss``, ``clip_fraction``, ``approx_kl``, ``ratio_mean``, ``ratio_max``,
         ``entropy`` (mean entropy of score-mode action distributions; 0 without any), ``grad_norm``
@@ -188,7 +198,13 @@ class PolicyLearner:
         try:
             self.optimizer.zero_grad(set_to_none=False)
             run = self._accumulate(active, rows, loss_tokens) if active else _Pass()
-            grad_norm = self._grad_norm() if active else 0.0
+            any_active = bool(active)
+            if self.reduce_gradients is not None:  # every rank, with or without samples (a collective)
+                if weight is None:
+                    weight = rows if self.aggregate == "seq-mean-token-mean" else loss_tokens
+                n_active, n_nonfinite = self.reduce_gradients(self.params, weight, (len(active), run.nonfinite_loss))
+                any_active, run.nonfinite_loss = n_active > 0, n_nonfinite > 0
+            grad_norm = self._grad_norm() if any_active else 0.0
         finally:
             self.model.train(was_training)
         nonfinite = run.nonfinite_loss or not math.isfinite(grad_norm)
@@ -205,7 +221,7 @@ class PolicyLearner:
                     f"{self.nonfinite_in_a_row} updates in a row had a non-finite loss or gradient; "
                     "lower the learning rate, check the advantages and old log-probs, or train in float32"
                 )
-        elif active:
+        elif any_active:
             self.nonfinite_in_a_row = 0
             if self.max_grad_norm is not None:
                 torch.nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, torch.tensor(grad_norm))
@@ -220,7 +236,7 @@ class PolicyLearner:
             tokens=float(run.tokens),
             micro_batches=float(run.micro_batches),
             oom_splits=float(run.splits),
-            updated=float(bool(active) and not nonfinite),
+            updated=float(any_active and not nonfinite),
             version=float(self.version),
             time_s=time.perf_counter() - start,
         )
