@@ -163,6 +163,7 @@ def build(cfg: TrainConfig, out: Path, dist=None):
     from crl_agent.rl import PolicyLearner, add_lora
 
     threads = {"num_threads": cfg.threads} if cfg.threads > 0 else {}
+    many = dist is not None and dist.world > 1
     if cfg.backend == "vllm":
         # vLLM generates on the GPU; the learner trains its own LoRA copy of the model, and after each
         # update the adapter is exported and loaded into the engine under a new id (see `update`)
@@ -172,14 +173,17 @@ def build(cfg: TrainConfig, out: Path, dist=None):
         from crl_agent.llm.models import resolve_model_path
 
         path = str(resolve_model_path(cfg.model)[0])
+        # under torchrun each rank runs its own engine on its own GPU, a data-parallel replica in vLLM's
+        # torchrun mode (untested on hardware: no GPU was lent while it was written)
+        ranks = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
+                 "data_parallel_size": dist.world} if many else {}
         llm = make_llm("vllm", path, seed=cfg.seed, enable_lora=True, max_lora_rank=cfg.lora_rank,
-                       gpu_memory_utilization=cfg.vllm_memory)
+                       gpu_memory_utilization=cfg.vllm_memory, **ranks)
         base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype or "bfloat16"))
         trained = add_lora(base.to(cfg.device), r=cfg.lora_rank)
     else:
         llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)
         trained = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: shared
-    many = dist is not None and dist.world > 1
     if many:
         dist.broadcast_parameters([p for p in trained.parameters() if p.requires_grad])  # LoRA starts random
     learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget,

@@ -55,3 +55,29 @@ def test_vllm_serves_each_trained_adapter_and_stamps_its_version(tiny, tmp_path)
     got, want = asyncio.run(both())
     assert got.logprobs == pytest.approx(want.logprobs, abs=0.05)
     assert main([*args, "--steps", "4", "--resume"]) == 0  # the restored adapter is served again
+
+
+def test_two_gpus_under_torchrun_each_run_a_vllm_replica_and_average_gradients(tiny, tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "tests.dist_train",
+           "--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "grpo", "--model", tiny, "--backend", "vllm",
+           "--device", "cuda", "--dtype", "float32", "--vllm-memory", "0.3", "--groups", "2", "--group-size", "8",
+           "--lora-rank", "4", "--lr", "0.05", "--score-norm", "mean", "--eval-every", "0", "--eval-episodes", "8",
+           "--steps", "3"]
+    done = subprocess.run(cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["episodes"] == 16 and r["processes"] == 2 for r in rows)
