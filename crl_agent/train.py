@@ -667,7 +667,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                                          scale=cfg.adv_scale).tolist() if kept else []
             # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
             samples = turn_samples([e for _, e in kept], adv, cfg.turn_weight, cfg.turns_per_episode,
-                                   random.Random(cfg.seed * 1_000_003 + step * 997 + dist.rank))
+                                   random.Random(cfg.seed * 1_000_003 + step + 104_729 * dist.rank))
             t1 = time.perf_counter()
             metrics = await update(llm, learner, samples, home / "adapters" / "actor", cfg.ppo_epochs,
                                    weight=loss_weight([e for _, e in kept], cfg.turn_weight))
