@@ -161,3 +161,39 @@ def test_crl_under_torchrun_distils_every_ranks_episodes_on_rank_0(tiny, tmp_pat
     copy = tmp_path / "ranks" / "rank1" / "experience_bank"
     assert (copy / "bank.sqlite").exists()
     assert not rows(tmp_path / "ranks" / "rank1" / "extractor_calls.jsonl")
+
+
+def test_a_killed_rank_ends_the_launch_instead_of_hanging_and_the_run_resumes(tiny, tmp_path):
+    import signal
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+            "--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "0", "--embedder", "hash",
+            "--extractor-warmup", "1", "--extractor-batch", "2", "--lora-rank", "4", "--distil-max-tokens", "16",
+            "--threads", "1", "--agent-arg", "max_tool_calls=0"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "tests.dist_train", *args,
+           "--steps", "500"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "checkpoint.pt").exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "checkpoint.pt").exists(), "no checkpoint within 180 s"
+        ranks = {p.environ().get("RANK"): p for p in psutil.Process(launcher.pid).children(recursive=True)
+                 if "tests.dist_train" in " ".join(p.cmdline())}
+        ranks["1"].send_signal(signal.SIGKILL)
+        launcher.wait(120)  # torchrun sees the dead worker and stops rank 0 too, which would otherwise wait forever
+        assert launcher.returncode != 0
+    finally:
+        if launcher.poll() is None:
+            for p in psutil.Process(launcher.pid).children(recursive=True):
+                p.kill()
+            launcher.kill()
+    step = int(json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"])
+    done = torchrun([*args, "--steps", str(step + 2), "--resume"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = [m["step"] for m in rows(tmp_path / "metrics.jsonl")]
+    assert steps == list(range(1, step + 3)), steps
