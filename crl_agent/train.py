@@ -23,8 +23,11 @@ The loop, one visible step at a time (CleanRL style; the pieces are imported, no
    prefix cache); the vLLM backend loads the exported adapter under a new id.
 4. **Extractor update** (``crl`` mode): after ``extractor_warmup`` steps, once the call log holds
    ``extractor_batch`` calls with a meta-reward, one CISPO step on them (advantage = reward - batch
-   mean, times the count-aware weight), bank writes flushed first. On this CPU build it runs between
-   rollouts rather than beside them (the official code overlaps it on separate GPUs).
+   mean, times the count-aware weight). It is launched at the start of a step, after the bank is
+   flushed, and runs beside that step's rollouts on the extractor's own model and thread (as the
+   official code launches it without blocking); meanwhile the bank is fenced (the manager holds
+   distillations and merges, which then run on the new weights) and the step waits for it only
+   before its checkpoint. ``--extractor-async 0`` runs it before the rollouts instead.
 5. **Log and checkpoint**: ``metrics.jsonl`` (one line per step) and TensorBoard scalars (``tb/``),
    an atomic ``checkpoint.pt`` and the adapters in ``adapters/`` (what ``eval.run`` loads);
    every ``eval_every`` steps, held-out seeds (never trained on) are played with the pure policy
@@ -42,6 +45,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import random
 import sys
@@ -58,6 +62,7 @@ from crl_agent.rollout import Episode, PoolSlot, run_episode
 MODES = ("grpo", "crl")
 RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads")
 TURN_WEIGHTINGS = ("episode", "turn")
+log = logging.getLogger(__name__)
 BACKENDS = ("transformers", "vllm")  # a resumed run may train for longer; anything else must match
 # agent constructor arguments the trainer sets itself (--agent-arg may not override them)
 TRAINER_AGENT_ARGS = frozenset({"llm", "model", "backend", "extractor", "extractor_model", "temperature", "score_norm",
@@ -96,6 +101,7 @@ class TrainConfig:
     extractor_lr: float = 1e-4
     extractor_batch: int = 64  # calls with a meta-reward needed for one extractor update
     extractor_warmup: int = 5  # steps before the extractor trains
+    extractor_async: int = 1  # 1: the extractor update runs beside the step's rollouts; 0: before them
     cooldown: int = 1  # count-aware reweighting: entries trained within this many steps get weight 0
     embedder: str = "minilm"
     distil_max_tokens: int = 512  # extractor reply cap per distillation (CPU runs: smaller is much faster)
@@ -364,6 +370,21 @@ async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: in
     return metrics
 
 
+async def join_extractor(job, manager, step: int) -> dict[str, float]:
+    """Wait for the extractor update ``job`` (its task, the calls it trains on), unfence the bank, record
+    the calls as trained at ``step``; returns its metrics (``wait_s``: how long the step waited for it)."""
+    task, used = job
+    t0 = time.perf_counter()
+    try:
+        metrics = await task
+    finally:
+        manager.resume_extractor()
+    manager.mark_trained(used, step)
+    return {**{f"extractor/{k}": v for k, v in metrics.items()},
+            "extractor/reward": sum(s.reward for s in used) / len(used),
+            "extractor/wait_s": time.perf_counter() - t0}
+
+
 def extractor_samples(manager, step: int, cooldown: int, batch: int):
     """The extractor's CISPO batch: calls with a meta-reward, advantage = (reward - mean) * weight."""
     from crl_agent.rl import TurnSample
@@ -616,6 +637,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     half = cfg.group_size // 2
     scalars = Scalars(out) if main_rank else None
+    ext_job = None  # the extractor update in flight: (task, the calls it trains on)
     try:
         if not evals:
             await sync_bank(agent, out, dist)
@@ -643,6 +665,16 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                 if cfg.merge_every and step and step % cfg.merge_every == 0:
                     merged = await manager.merge()
             await sync_bank(agent, out, dist)
+            # 4a. extractor update (CISPO on meta-rewarded calls), on rank 0: launched now, beside the rollouts
+            ext_row: dict[str, float] = {}
+            if manager is not None and main_rank and step >= cfg.extractor_warmup:
+                ext_samples, used = extractor_samples(manager, step, cfg.cooldown, cfg.extractor_batch)
+                if ext_samples:
+                    manager.pause_extractor()  # the bank is fenced until the update is in
+                    ext_job = (asyncio.create_task(update(extractor, ext_learner, ext_samples)), used)
+                    if not cfg.extractor_async:  # --extractor-async 0: done before the rollouts start
+                        job, ext_job = ext_job, None
+                        ext_row = await join_extractor(job, manager, step)
             # training seeds stay below --eval-seed, so no held-out seed is ever trained on
             seeds = [(cfg.seed * 100_003 + step * cfg.groups + g) % cfg.eval_seed for g in range(cfg.groups)]
             distilled = distil_choice(cfg, random.Random(cfg.seed * 7_919 + step))
@@ -691,7 +723,11 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                 wi = [r for w, r in every if w]
                 row["train_success_without_experience"] = sum(wo) / max(1, len(wo))
                 row["train_success_with_experience"] = sum(wi) / max(1, len(wi))
-            # 4. extractor update (CISPO on meta-rewarded calls), bank writes flushed first: rank 0 only
+            # 4b. the extractor update joins (rank 0); the held distillations now run on its new weights
+            if ext_job is not None:
+                job, ext_job = ext_job, None
+                ext_row = await join_extractor(job, manager, step)
+            row.update(ext_row)
             if manager is not None and main_rank:
                 stats = manager.stats
                 row["extractor/distillations"] = stats.get("distillations", 0)
@@ -700,14 +736,6 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                 row["bank_entries"] = len(agent.bank)
                 row["extractor/merges"] = stats.get("merges", 0)
                 row.update({f"extractor/merge_{k}": v for k, v in merged.items()})
-                if step + 1 >= cfg.extractor_warmup:
-                    await manager.flush()
-                    ext_samples, used = extractor_samples(manager, step + 1, cfg.cooldown, cfg.extractor_batch)
-                    if ext_samples:
-                        ext_metrics = await update(extractor, ext_learner, ext_samples)
-                        manager.mark_trained(used, step + 1)
-                        row.update({f"extractor/{k}": v for k, v in ext_metrics.items()})
-                        row["extractor/reward"] = sum(s.reward for s in used) / len(used)
             row["time_s"] = time.perf_counter() - t0
             if main_rank:
                 append_jsonl(out / "metrics.jsonl", row)
@@ -735,6 +763,12 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
         if main_rank:
             plot_curve(out, evals, cfg)
     finally:
+        if ext_job is not None:  # an error or interrupt mid-step: let the update end (it cannot be cut off
+            # inside its thread) before the manager closes and runs the held distillations
+            await asyncio.wait([ext_job[0]])
+            if not ext_job[0].cancelled() and ext_job[0].exception() is not None:
+                log.warning("the extractor update in flight failed: %s", ext_job[0].exception())
+            agent.manager.resume_extractor()
         if scalars is not None:
             scalars.close()
         await agent.aclose()

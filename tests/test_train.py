@@ -80,6 +80,63 @@ def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny,
     assert 0 < len(distilled) <= 8, len(distilled)
 
 
+@pytest.mark.parametrize("beside", [1, 0])
+def test_the_extractor_update_runs_beside_the_rollouts_and_no_distillation_runs_meanwhile(tiny, tmp_path, monkeypatch,
+                                                                                           beside):
+    import time
+
+    import crl_agent.train as tr
+    from crl_agent.experience import ExperienceManager
+    from crl_agent.experience import extractor as ex
+    from crl_agent.rl.learner import PolicyLearner
+
+    in_play, overlapped, distilled_while_paused = [0], [], []
+    real_play, real_update, real_distil = tr.play, PolicyLearner.update, ExperienceManager.distil
+
+    async def play(*a, **k):
+        in_play[0] += 1
+        try:
+            return await real_play(*a, **k)
+        finally:
+            in_play[0] -= 1
+
+    def update(self, samples, weight=None):
+        if self.loss == "cispo":  # the extractor's update, on its backend's thread: are rollouts in flight?
+            deadline = time.monotonic() + (30 if beside else 1)
+            while not in_play[0] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            overlapped.append(in_play[0] > 0)
+        return real_update(self, samples, weight)
+
+    async def distil(self, traj):
+        distilled_while_paused.append(self.extractor_paused)
+        return await real_distil(self, traj)
+
+    def parse_distil(text, valid_ids, n=iter(range(10_000))):  # the tiny model's reply read as a valid entry
+        i = next(n)
+        reply = {"operations": [{"op": "add", "title": f"Door {i}", "content": f"If door {i} is shut, then try it."}]}
+        return real_parse(json.dumps(reply), valid_ids)
+
+    real_parse = ex.parse_distil
+    monkeypatch.setattr(tr, "play", play)
+    monkeypatch.setattr(PolicyLearner, "update", update)
+    monkeypatch.setattr(ExperienceManager, "distil", distil)
+    monkeypatch.setattr(ex, "parse_distil", parse_distil)
+    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+            "--groups", "1", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "0", "--embedder", "hash",
+            "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4", "--steps", "4",
+            "--extractor-async", str(beside), "--agent-arg", "max_tool_calls=0"]
+    assert main(args) == 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # step 1 writes entries, step 2's episodes use them (meta-rewards), steps 3 and 4 launch an update at their start
+    assert ["extractor/wait_s" in r for r in rows] == [False, False, True, True]
+    assert all(r["extractor/samples"] == 1 for r in rows[2:]) and len(overlapped) == 2
+    assert overlapped == [bool(beside)] * 2  # beside: the step's rollouts ran while the extractor trained
+    assert distilled_while_paused and not any(distilled_while_paused)  # the bank stayed fenced meanwhile
+    calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in calls if c.get("type") == "trained"] == [2, 3]
+
+
 def test_exported_adapters_load_into_a_backend_and_reproduce_the_trained_policy(tiny, tmp_path):
     from crl_agent.llm import make_llm
     from crl_agent.rl import add_lora, load_checkpoint

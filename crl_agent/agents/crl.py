@@ -100,7 +100,7 @@ class CRLPolicy(LLMPolicy):
         manager = self.agent.manager
         if manager is None or not self.ctx.with_experience:
             return base
-        if self.agent.sync_experience:
+        if self.agent.sync_experience and not manager.extractor_paused:  # paused: the trainer's update runs
             await manager.flush()
         t0 = time.perf_counter()
         self.shown = await manager.search(self.goal or obs[:500], k=self.agent.k, task=self.ctx.env_id)

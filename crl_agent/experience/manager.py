@@ -12,6 +12,9 @@
 - **ask**: search-and-ask; the extractor answers a question from retrieved entries.
 - A read-write lock lets searches run together while bank writes run alone; :meth:`flush`
   waits for every queued distillation (call it before each rollout step).
+- **pause**: while the extractor trains (:meth:`pause_extractor` ... :meth:`resume_extractor`), its
+  calls wait and so do the bank's writes: distillations stay queued, merges wait, search-and-ask
+  answers from the retrieved entries alone; searches go on, so rollouts never wait for the trainer.
 - Every extractor call and every guided episode's outcome go to the JSONL call log
   (:mod:`crl_agent.experience.calllog`) for the extractor's trainer.
 """
@@ -133,10 +136,13 @@ class ExperienceManager:
         self._merge_lock: asyncio.Lock | None = None
         self._merged_at: dict[str, float] = {}
         self._closed = False
+        self._extractor_free = asyncio.Event()  # cleared while the extractor trains (pause_extractor)
+        self._extractor_free.set()
         self.stats: dict[str, float] = dict.fromkeys(
             (
                 "searches", "search_batches", "cache_hits", "search_s", "distillations", "adds", "updates", "nones",
                 "malformed", "extractor_errors", "merges", "merge_clusters", "merged_away", "asks", "ask_s",
+                "asks_paused", "pauses",
             ),
             0,
         )
@@ -163,6 +169,7 @@ class ExperienceManager:
         if self._closed:
             return
         if flush and self._distil_q is not None:
+            self.resume_extractor()  # closing: held distillations run (after any update still in progress)
             await self.flush()
         self._closed = True
         for t in self._tasks:
@@ -171,6 +178,26 @@ class ExperienceManager:
         self._tasks.clear()
         await self._searches.aclose()
         self.calls.close()
+
+    # ---------------------------------------------------------------- pause while the extractor trains
+    def pause_extractor(self) -> None:
+        """Hold every extractor call (and so every bank write) until :meth:`resume_extractor`.
+
+        The trainer calls it when it starts an extractor update that runs beside the rollouts: queued
+        and new distillations wait and then run on the updated weights, merges wait, search-and-ask
+        answers without the extractor; searches and :meth:`submit` go on as usual.
+        """
+        if self._extractor_free.is_set():
+            self.stats["pauses"] += 1
+        self._extractor_free.clear()
+
+    def resume_extractor(self) -> None:
+        """Let the held extractor calls run (idempotent)."""
+        self._extractor_free.set()
+
+    @property
+    def extractor_paused(self) -> bool:
+        return not self._extractor_free.is_set()
 
     async def replace_bank(self, bank: ExperienceBank) -> ExperienceBank:
         """Serve searches and apply operations on ``bank`` from now on; returns the old one (its owner
@@ -238,7 +265,9 @@ class ExperienceManager:
         t0 = time.perf_counter()
         entries = await self.search(question, k, task)
         answer, call_id = "", None
-        if entries and self.extractor is not None:
+        if entries and self.extractor is not None and self.extractor_paused:
+            self.stats["asks_paused"] += 1  # the extractor is training: answer from the entries alone
+        elif entries and self.extractor is not None:
             messages = ex.answer_messages(task or "any", question, entries)
             try:
                 completion = await self.extractor.chat(messages, self.config.answer_params)
@@ -277,6 +306,8 @@ class ExperienceManager:
         """Wait until every queued distillation (and the merges it triggers) is applied; save the index."""
         await self.start()
         assert self._distil_q is not None
+        if self.extractor_paused and self._pending:
+            raise RuntimeError("flush() while the extractor is paused would wait for ever: resume_extractor() first")
         await self._distil_q.join()
         async with self.lock.write():
             await asyncio.to_thread(self.bank.save)
@@ -286,6 +317,7 @@ class ExperienceManager:
         while True:
             traj = await self._distil_q.get()
             try:
+                await self._extractor_free.wait()
                 await self.distil(traj)
                 self.stats["distillations"] += 1
                 every = self.config.merge_every
@@ -356,6 +388,7 @@ class ExperienceManager:
         await self.start()
         assert self._merge_lock is not None
         counts: dict[str, int] = {}
+        await self._extractor_free.wait()
         async with self._merge_lock:
             self.stats["merges"] += 1
             for t in [task] if task is not None else list(self.bank.tasks()):
