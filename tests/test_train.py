@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import gymnasium as gym
@@ -112,12 +113,12 @@ def test_the_extractor_update_runs_beside_the_rollouts_and_no_distillation_runs_
         distilled_while_paused.append(self.extractor_paused)
         return await real_distil(self, traj)
 
-    def parse_distil(text, valid_ids, n=iter(range(10_000))):  # the tiny model's reply read as a valid entry
-        i = next(n)
+    def parse_distil(text, valid_ids):  # the tiny model's reply read as a valid entry
+        i = next(numbers)
         reply = {"operations": [{"op": "add", "title": f"Door {i}", "content": f"If door {i} is shut, then try it."}]}
         return real_parse(json.dumps(reply), valid_ids)
 
-    real_parse = ex.parse_distil
+    real_parse, numbers = ex.parse_distil, itertools.count()
     monkeypatch.setattr(tr, "play", play)
     monkeypatch.setattr(PolicyLearner, "update", update)
     monkeypatch.setattr(ExperienceManager, "distil", distil)
