@@ -733,6 +733,9 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                 row["extractor/distillations"] = stats.get("distillations", 0)
                 row["extractor/valid_ops"] = stats.get("ops_applied", stats.get("adds", 0))
                 row["extractor/malformed"] = stats.get("malformed", 0)
+                if row["extractor/valid_ops"] + row["extractor/malformed"]:  # so far (the counters are cumulative)
+                    row["extractor/valid_rate"] = row["extractor/valid_ops"] / (row["extractor/valid_ops"]
+                                                                               + row["extractor/malformed"])
                 row["bank_entries"] = len(agent.bank)
                 row["extractor/merges"] = stats.get("merges", 0)
                 row.update({f"extractor/merge_{k}": v for k, v in merged.items()})

@@ -132,6 +132,7 @@ def test_the_extractor_update_runs_beside_the_rollouts_and_no_distillation_runs_
     # step 1 writes entries, step 2's episodes use them (meta-rewards), steps 3 and 4 launch an update at their start
     assert ["extractor/wait_s" in r for r in rows] == [False, False, True, True]
     assert all(r["extractor/samples"] == 1 for r in rows[2:]) and len(overlapped) == 2
+    assert rows[-1]["extractor/valid_rate"] == 1.0  # every (parsed) reply was a valid operation
     assert overlapped == [bool(beside)] * 2  # beside: the step's rollouts ran while the extractor trained
     assert distilled_while_paused and not any(distilled_while_paused)  # the bank stayed fenced meanwhile
     calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
