@@ -113,6 +113,46 @@ def test_two_ranks_take_the_step_one_process_takes_on_all_their_samples(tiny, tm
     assert ranks[0]["metrics"]["grad_norm"] == pytest.approx(ranks[1]["metrics"]["grad_norm"])
 
 
+# ------------------------------------------------------------------ other launchers' variables
+def _mpi_worker(rank: int, port: int, out: str) -> None:
+    """A process placed only by Open MPI's variables (what ``mpirun`` sets), plus the rendezvous."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(name, None)
+    os.environ.update(OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from crl_agent.rl import Distributed
+
+    dist = Distributed("cpu")
+    seen = dist.gather((dist.rank, dist.world, dist.local_rank))
+    dist.close()
+    Path(f"{out}.{rank}").write_text(json.dumps(seen))
+
+
+def test_an_mpi_launch_is_placed_by_the_mpi_variables(tmp_path):
+    torch.multiprocessing.start_processes(_mpi_worker, args=(free_port(), str(tmp_path / "r")), nprocs=2,
+                                          start_method="spawn")
+    for r in range(2):
+        assert json.loads((tmp_path / f"r.{r}").read_text()) == [[0, 2, 0], [1, 2, 1]]
+
+
+def test_a_launch_without_a_rendezvous_or_with_a_bad_rank_is_a_clear_error(monkeypatch):
+    from crl_agent.rl import Distributed
+    from crl_agent.rl.distributed import LOCAL_RANK_VARS, RANK_VARS, WORLD_VARS
+
+    for name in (*RANK_VARS, *WORLD_VARS, *LOCAL_RANK_VARS, "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"\(PMI_RANK=1, PMI_SIZE=2\) needs MASTER_ADDR and MASTER_PORT"):
+        Distributed("cpu")
+    monkeypatch.setenv("PMI_RANK", "2")
+    with pytest.raises(RuntimeError, match="rank 2 is outside a world of 2"):
+        Distributed("cpu")
+    monkeypatch.setenv("PMI_RANK", "one")
+    with pytest.raises(RuntimeError, match="PMI_RANK='one' is not an integer"):
+        Distributed("cpu")
+
+
 # ------------------------------------------------------------------ the trainer under torchrun
 def torchrun(args: list[str], nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
@@ -197,3 +237,22 @@ def test_a_killed_rank_ends_the_launch_instead_of_hanging_and_the_run_resumes(ti
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = [m["step"] for m in rows(tmp_path / "metrics.jsonl")]
     assert steps == list(range(1, step + 3)), steps
+
+
+def test_accelerate_launch_runs_the_same_data_parallel_trainer(tiny, tmp_path):
+    # `accelerate launch --multi_gpu` starts the ranks through torchrun; on a CPU they meet over gloo
+    pytest.importorskip("accelerate")
+    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
+            "--groups", "2", "--group-size", "4", "--lora-rank", "4", "--eval-every", "0", "--eval-episodes", "4",
+            "--threads", "1"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), "-m", "tests.dist_train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for steps, resume in ((2, []), (3, ["--resume"])):
+        done = subprocess.run([*cmd, "--steps", str(steps), *resume], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = rows(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["processes"] == 2 and m["episodes"] == 8 for m in metrics)

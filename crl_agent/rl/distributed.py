@@ -2,7 +2,10 @@
 
 ``torchrun --nproc-per-node N -m crl_agent.train ...`` starts N copies of the trainer; each reads its
 rank from the environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``). Every rank holds the same actor weights and plays its share of each step's groups;
+``MASTER_PORT``). ``accelerate launch --multi_gpu`` runs torchrun and so sets the same variables; an MPI
+launch (``mpirun``, or ``accelerate launch --cpu --mpirun_hostfile``) sets its own, which are read when the
+torchrun ones are absent (Open MPI, MPICH/Intel MPI, MVAPICH2; MASTER_ADDR/MASTER_PORT still name the
+rendezvous). Every rank holds the same actor weights and plays its share of each step's groups;
 the learners average their gradients before each optimiser step, so the weights stay identical
 everywhere (the same start, the same averaged gradient, the same AdamW state). Rank 0 alone writes the
 run folder and, in ``crl`` mode, owns the experience bank and the extractor (see ``crl_agent.train``).
@@ -27,6 +30,30 @@ import torch.distributed as dist
 TIMEOUT = datetime.timedelta(hours=6)
 
 
+# where each launcher says this process's place: torchrun (and accelerate, which runs it) first, then MPI
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
+
+
+def _env_int(names: Sequence[str], default: int) -> int:
+    """The first of ``names`` set in the environment, as an int (``default`` if none is)."""
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise RuntimeError(f"{name}={value!r} is not an integer") from None
+    return default
+
+
+def _launch_env() -> str:
+    """The launcher variables that are set, for error messages."""
+    names = (*RANK_VARS, *WORLD_VARS, *LOCAL_RANK_VARS)
+    return ", ".join(f"{n}={os.environ[n]}" for n in names if n in os.environ) or "no launcher variables"
+
+
 class Distributed:
     """The process group of a ``torchrun`` launch, or a world of one.
 
@@ -36,20 +63,28 @@ class Distributed:
     """
 
     def __init__(self, device: str = "cpu"):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.world = _env_int(WORLD_VARS, 1)
+        self.rank = _env_int(RANK_VARS, 0)
+        self.local_rank = _env_int(LOCAL_RANK_VARS, 0)
         self.device = device
         self._own_group = False
         if self.world == 1:
             return
+        if not 0 <= self.rank < self.world:
+            raise RuntimeError(f"rank {self.rank} is outside a world of {self.world} processes ({_launch_env()})")
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+        if missing and not dist.is_initialized():
+            raise RuntimeError(f"a launch of {self.world} processes ({_launch_env()}) needs {' and '.join(missing)} "
+                               "for the rendezvous: torchrun and accelerate set them; under mpirun export them "
+                               "(e.g. -x MASTER_ADDR=<rank 0 host> -x MASTER_PORT=29500)")
         if device == "cuda":
             self.device = f"cuda:{self.local_rank}"
         cuda = self.device.startswith("cuda")
         if cuda:
             torch.cuda.set_device(torch.device(self.device))
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
+            dist.init_process_group("nccl" if cuda else "gloo", rank=self.rank, world_size=self.world,
+                                    timeout=TIMEOUT)
             self._own_group = True
         if dist.get_world_size() != self.world:
             raise RuntimeError(f"WORLD_SIZE={self.world} but the process group has {dist.get_world_size()} ranks")
