@@ -60,7 +60,9 @@ from crl_agent.llm.base import LLMError
 from crl_agent.rollout import Episode, PoolSlot, run_episode
 
 MODES = ("grpo", "crl")
-RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads")
+# what a resumed run may change: how long it runs and where its compute and envs run, nothing it learns from
+RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads", "num_workers", "env_backend", "step_timeout")
+ENV_BACKENDS = ("process", "ray")
 TURN_WEIGHTINGS = ("episode", "turn")
 log = logging.getLogger(__name__)
 BACKENDS = ("transformers", "vllm")  # a resumed run may train for longer; anything else must match
@@ -114,7 +116,10 @@ class TrainConfig:
     eval_episodes: int = 64
     eval_seed: int = 1_000_000  # held-out seeds are eval_seed, eval_seed+1, ...; training seeds start at 0
     seed: int = 0
-    concurrency: int = 32  # episodes in flight
+    concurrency: int = 32  # episodes in flight (the env pool's slots, created once for the run)
+    num_workers: int = 0  # env worker processes or Ray actors (0: envs in this process, each slot on a thread)
+    env_backend: str = "process"  # where envs run when --num-workers > 0: process or ray (as eval.run)
+    step_timeout: float = 60.0  # seconds before a hung env call errors its episode
     time_budget_min: float = 0.0  # stop after this many minutes of training (evaluations not counted); 0: none
     # more constructor arguments of the agent (LLMAgent, or CRLAgent in crl mode), as eval.run's --agent-arg,
     # e.g. {"max_tool_calls": 0}; "manager_config" is merged into the trainer's own
@@ -142,6 +147,10 @@ class TrainConfig:
                              "held-out seeds from it up")
         if min(self.steps, self.groups, self.eval_episodes, self.concurrency, self.distil_workers) < 1:
             raise ValueError("--steps, --groups, --eval-episodes, --concurrency and --distil-workers must be >= 1")
+        if self.env_backend not in ENV_BACKENDS:
+            raise ValueError(f"--env-backend must be one of {ENV_BACKENDS}")
+        if self.num_workers < 0 or self.step_timeout <= 0:
+            raise ValueError("--num-workers must be >= 0 and --step-timeout > 0")
         if self.eval_every < 0 or self.merge_every < 0 or self.distil_per_group < 0:
             raise ValueError("--eval-every, --merge-every and --distil-per-group must be >= 0")
         if self.distil_per_group > self.group_size:
@@ -249,14 +258,31 @@ def distil_choice(cfg: TrainConfig, rng: random.Random) -> set[tuple[int, int]]:
     return chosen
 
 
-async def play(cfg: TrainConfig, agent, episodes: list[EpisodeContext], explore: float) -> list[Episode]:
-    """Play ``episodes`` concurrently through an inline env pool; the agent explores as asked."""
+async def open_pool(cfg: TrainConfig):
+    """The run's env pool, ``--concurrency`` slots of ``--env``, started: every rollout and evaluation reuses it.
+
+    ``--num-workers 0`` runs the envs in this process (a thread each); otherwise they run in that many
+    worker processes (or Ray actors, ``--env-backend ray``), and a worker that crashes is restarted and
+    the episode it was playing is reported as errored (left out of the update).
+    """
     from crl_envs.pool import make_pool
 
     make_kwargs = {"max_episode_steps": cfg.max_steps} if cfg.max_steps else {}
+    backend = cfg.env_backend if cfg.num_workers > 0 else "inline"
+    pool = make_pool([(cfg.env, make_kwargs)] * cfg.concurrency, backend, num_workers=cfg.num_workers or None,
+                     timeout=cfg.step_timeout)
+    try:
+        await pool.start()
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+async def play(cfg: TrainConfig, pool, agent, episodes: list[EpisodeContext], explore: float) -> list[Episode]:
+    """Play ``episodes`` concurrently on the run's env ``pool`` (at most ``--concurrency`` at once); the agent
+    explores as asked."""
     n = min(cfg.concurrency, len(episodes))
-    pool = make_pool([(cfg.env, make_kwargs)] * n, "inline")
-    await pool.start()
     slots: asyncio.Queue = asyncio.Queue()
     for i in range(n):
         slots.put_nowait(PoolSlot(pool, i))
@@ -269,10 +295,7 @@ async def play(cfg: TrainConfig, agent, episodes: list[EpisodeContext], explore:
         finally:
             slots.put_nowait(slot)
 
-    try:
-        return list(await asyncio.gather(*(one(c) for c in episodes)))
-    finally:
-        pool.close()
+    return list(await asyncio.gather(*(one(c) for c in episodes)))
 
 
 def rollout_tokens(episodes: list[Episode]) -> int:
@@ -400,7 +423,7 @@ def extractor_samples(manager, step: int, cooldown: int, batch: int):
     return samples, ready
 
 
-async def evaluate(cfg: TrainConfig, agent, step: int, dist=None) -> dict[str, Any]:
+async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None) -> dict[str, Any]:
     """Held-out success with the pure policy (no exploration), with and without experience in crl mode.
 
     Under torchrun each rank plays its share of the seeds and every rank gets the same row."""
@@ -411,16 +434,16 @@ async def evaluate(cfg: TrainConfig, agent, step: int, dist=None) -> dict[str, A
         agent.learning = False  # held-out episodes are never distilled nor credited to entries
     try:
         for with_exp in ([False, True] if cfg.mode == "crl" else [False]):
-            await _evaluate_half(cfg, agent, seeds, with_exp, row, dist)
+            await _evaluate_half(cfg, pool, agent, seeds, with_exp, row, dist)
     finally:
         if learning is not None:
             agent.learning = learning
     return row
 
 
-async def _evaluate_half(cfg: TrainConfig, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None) -> None:
+async def _evaluate_half(cfg: TrainConfig, pool, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None) -> None:
     mine = dist.share(len(seeds)) if dist is not None else range(len(seeds))
-    eps = await play(cfg, agent, [EpisodeContext(cfg.env, seeds[i], i, with_experience=with_exp) for i in mine],
+    eps = await play(cfg, pool, agent, [EpisodeContext(cfg.env, seeds[i], i, with_experience=with_exp) for i in mine],
                      explore=0.0)
     results = [(e.success, e.error is not None, e.actions) for e in eps]
     if dist is not None:
@@ -638,10 +661,12 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
     half = cfg.group_size // 2
     scalars = Scalars(out) if main_rank else None
     ext_job = None  # the extractor update in flight: (task, the calls it trains on)
+    pool = None
     try:
+        pool = await open_pool(cfg)
         if not evals:
             await sync_bank(agent, out, dist)
-            evals.append(await evaluate(cfg, agent, 0, dist))
+            evals.append(await evaluate(cfg, pool, agent, 0, dist))
             if main_rank:
                 append_jsonl(out / "evals.jsonl", evals[-1])
                 scalars.add(evals[-1], "heldout/")
@@ -682,7 +707,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             ctxs = [EpisodeContext(cfg.env, seeds[g], g, sample=k, with_experience=cfg.mode == "crl" and k >= half,
                                    distil=(g, k) in distilled)
                     for g in dist.share(cfg.groups) for k in range(cfg.group_size)]
-            episodes = await play(cfg, agent, ctxs, explore=cfg.explore)
+            episodes = await play(cfg, pool, agent, ctxs, explore=cfg.explore)
             rollout_s = time.perf_counter() - t0
             if manager is not None and dist.world > 1:  # the other ranks' episodes reach rank 0's manager
                 outbox = [] if main_rank else agent.outbox
@@ -748,7 +773,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
                 t_eval = time.perf_counter()
                 await sync_bank(agent, out, dist)
-                evals.append(await evaluate(cfg, agent, step + 1, dist))
+                evals.append(await evaluate(cfg, pool, agent, step + 1, dist))
                 done = time.perf_counter()
                 evals[-1].update(train_time_s=trained_s() - (done - t_eval), eval_time_s=done - t_eval)
                 eval_s += done - t_eval
@@ -772,6 +797,8 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             if not ext_job[0].cancelled() and ext_job[0].exception() is not None:
                 log.warning("the extractor update in flight failed: %s", ext_job[0].exception())
             agent.manager.resume_extractor()
+        if pool is not None:
+            pool.close()
         if scalars is not None:
             scalars.close()
         await agent.aclose()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
+import os
+import signal
 
 import gymnasium as gym
 import pytest
@@ -14,6 +17,7 @@ pytest.importorskip("peft")
 
 from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
 from crl_agent.train import TrainConfig, main, train  # noqa: E402
+from tests.test_rl_bandit import DoorEnv  # noqa: E402
 
 DOORS = "test/Doors-v0"
 if DOORS not in gym.registry:
@@ -342,3 +346,42 @@ def test_a_backend_that_does_not_share_the_weights_gets_each_update_as_an_export
     assert served.loaded[-1][1] == 4 and len(served.loaded) == 2
     assert metrics["stale"] == 0 and metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
     asyncio.run(llm.aclose())
+
+
+# ------------------------------------------------------------------ envs in worker processes
+CRASHY = "test/CrashOnceDoors-v0"
+if CRASHY not in gym.registry:
+    gym.register(CRASHY, entry_point="tests.test_train:CrashOnceDoorEnv", max_episode_steps=1)
+
+
+class CrashOnceDoorEnv(DoorEnv):
+    """The bandit, but the first reset on seed 0 kills its own process (as a native env that segfaults);
+    ``$CRL_TEST_CRASH_MARK`` records that it happened, so the restarted worker plays on."""
+
+    def reset(self, *, seed=None, options=None):
+        mark = os.environ.get("CRL_TEST_CRASH_MARK")
+        if seed == 0 and mark and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().reset(seed=seed, options=options)
+
+
+def test_envs_in_worker_processes_a_crashed_worker_errors_its_episodes_and_training_goes_on(tiny, tmp_path,
+                                                                                              monkeypatch):
+    mark = tmp_path / "crashed"
+    monkeypatch.setenv("CRL_TEST_CRASH_MARK", str(mark))  # the spawned workers inherit it
+    cfg = TrainConfig(env=CRASHY, mode="grpo", model=tiny, dtype="float32", steps=3, groups=2, group_size=4,
+                      lr=3e-3, lora_rank=0, score_norm="mean", eval_every=0, eval_episodes=8, seed=0,
+                      concurrency=4, num_workers=2, env_backend="process")
+    evals = asyncio.run(train(cfg, tmp_path / "run", quiet=True))
+    assert mark.exists()  # a worker really died: on the first training group (seed 0)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert 1 <= rows[0]["errored"] < rows[0]["episodes"] == 8  # its episodes errored; the rest trained
+    assert rows[0]["actor/samples"] == 8 - rows[0]["errored"]
+    assert rows[1]["errored"] == rows[2]["errored"] == 0  # the worker was restarted
+    assert evals[0]["errored"] == evals[-1]["errored"] == 0 and len(evals) == 2
+    # where envs run is not part of what the run learns from: a resume may move them in-process
+    more = dataclasses.replace(cfg, steps=4, num_workers=0)
+    asyncio.run(train(more, tmp_path / "run", resume=True, quiet=True))
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4

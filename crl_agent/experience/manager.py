@@ -265,9 +265,11 @@ class ExperienceManager:
         t0 = time.perf_counter()
         entries = await self.search(question, k, task)
         answer, call_id = "", None
-        if entries and self.extractor is not None and self.extractor_paused:
+        if not entries or self.extractor is None:
+            pass
+        elif self.extractor_paused:
             self.stats["asks_paused"] += 1  # the extractor is training: answer from the entries alone
-        elif entries and self.extractor is not None:
+        else:
             messages = ex.answer_messages(task or "any", question, entries)
             try:
                 completion = await self.extractor.chat(messages, self.config.answer_params)
