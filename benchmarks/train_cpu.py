@@ -34,7 +34,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 # 2 seeds x 8 rollouts a step (crl: 4 without experience + 4 with), 2 random turns of each episode
 # per update (unbiased, a fraction of the cost), each episode weighing the same.
 SETTINGS = {
-    "env": "crl/MiniHack-Room-Random-5x5-Short-v0",
+    "tasks": "crl/MiniHack-Room-Random-5x5-Short-v0",
     "groups": 2,
     "group-size": 8,
     "explore": 0.0,
@@ -153,7 +153,7 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     share = "2 cores shared by 2 runs" if jobs > 1 else "2 cores, one run at a time"
     ax.set_xlabel(f"training minutes ({share}; evaluations not counted)")
     ax.set_ylabel("held-out success % (64 seeds, temperature 1)")
-    ax.set_title(f"SmolLM2-135M on {settings['env']} (CPU, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
+    ax.set_title(f"SmolLM2-135M on {settings.get('tasks', settings.get('env'))} (CPU, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
                  fontsize=9)
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)

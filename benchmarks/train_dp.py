@@ -36,7 +36,7 @@ def free_port() -> int:
 
 def run(nproc: int, threads: int, args: argparse.Namespace, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    train = ["--out", str(out), "--quiet", "--mode", args.mode, "--env", args.env, "--device", args.device,
+    train = ["--out", str(out), "--quiet", "--mode", args.mode, "--tasks", args.tasks, "--device", args.device,
              "--steps", str(args.steps), "--groups", str(args.groups), "--group-size", str(args.group_size),
              "--eval-every", "0", "--eval-episodes", str(args.eval_episodes), "--threads", str(threads),
              "--history", "2", "--turns-per-episode", "2", "--lr", "5e-4", "--distil-max-tokens", "128",
@@ -71,7 +71,7 @@ def main() -> int:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU per process)")
     p.add_argument("--mode", default="grpo", choices=["grpo", "crl"])
-    p.add_argument("--env", default="crl/MiniHack-Room-Random-5x5-Short-v0")
+    p.add_argument("--tasks", default="crl/MiniHack-Room-Random-5x5-Short-v0", help="as the trainer's --tasks")
     p.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--groups", type=int, default=4)

@@ -25,7 +25,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def run(backend: str, args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, "-m", "crl_agent.train", "--out", str(out), "--quiet", "--mode", args.mode,
-           "--env", args.env, "--backend", backend, "--device", "cuda", "--steps", str(args.steps),
+           "--tasks", args.tasks, "--backend", backend, "--device", "cuda", "--steps", str(args.steps),
            "--groups", str(args.groups), "--group-size", str(args.group_size), "--eval-every", "0",
            "--eval-episodes", str(args.eval_episodes), "--lora-rank", "16"]
     if args.model:
@@ -50,7 +50,7 @@ def run(backend: str, args: argparse.Namespace, out: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="a local causal LM (default: the embedded SmolLM2-135M)")
-    p.add_argument("--env", default="crl/MiniHack-Room-Random-5x5-Short-v0")
+    p.add_argument("--tasks", default="crl/MiniHack-Room-Random-5x5-Short-v0", help="as the trainer's --tasks")
     p.add_argument("--mode", default="grpo", choices=("grpo", "crl"))
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--groups", type=int, default=16)

@@ -2,8 +2,10 @@
 
 Usage::
 
-    python -m crl_agent.train --mode grpo --env crl/MiniHack-Room-Random-5x5-Short-v0 --steps 30 --out runs/train-grpo
-    python -m crl_agent.train --mode crl  --env crl/MiniHack-Room-Random-5x5-Short-v0 --steps 30 --out runs/train-crl
+    python -m crl_agent.train --mode grpo --tasks crl/MiniHack-Room-Random-5x5-Short-v0 --steps 30 --out runs/train-grpo
+    python -m crl_agent.train --mode crl  --tasks crl/MiniHack-Room-Random-5x5-Short-v0 --steps 30 --out runs/train-crl
+    python -m crl_agent.train --mode static ...   # the same, the extractor frozen (Static Online Exp.)
+    python -m crl_agent.train --mode crl --tasks crl/Sokoban-6x6-1-v0,crl/MiniHack-Room-5x5-v0 ...  # multi-task
     python -m crl_agent.train ... --out runs/train-crl --resume        # continue a killed run
 
 The loop, one visible step at a time (CleanRL style; the pieces are imported, not re-implemented):
@@ -59,7 +61,8 @@ from crl_agent.agents.base import EpisodeContext
 from crl_agent.llm.base import LLMError
 from crl_agent.rollout import Episode, PoolSlot, run_episode
 
-MODES = ("grpo", "crl")
+MODES = ("grpo", "crl", "static")
+EXPERIENCE_MODES = ("crl", "static")  # the modes whose agent has an extractor and an experience bank
 # what a resumed run may change: how long it runs and where its compute and envs run, nothing it learns from
 RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads", "num_workers", "env_backend", "step_timeout")
 ENV_BACKENDS = ("process", "ray")
@@ -75,9 +78,14 @@ TRAINER_AGENT_ARGS = frozenset({"llm", "model", "backend", "extractor", "extract
 class TrainConfig:
     """Every option of a training run (``--resume`` refuses a run whose recorded config differs)."""
 
-    env: str = "crl/MiniHack-Room-Random-5x5-Short-v0"  # the task trained on
-    mode: str = "grpo"  # grpo: outcome-only GRPO; crl: Complementary RL (actor + extractor + bank)
+    # the tasks trained on: a task set (as eval.run: 3, 6, swe) or a comma list of env ids; each step's
+    # groups go to them in turn, and every held-out evaluation plays --eval-episodes seeds of each
+    tasks: str = "crl/MiniHack-Room-Random-5x5-Short-v0"
+    # grpo: outcome-only GRPO; crl: Complementary RL (actor + extractor + bank, both trained); static: the
+    # same split groups and online bank, but the extractor stays frozen (the paper's Static Online Exp.)
+    mode: str = "grpo"
     model: str | None = None  # a local causal LM directory (default: the embedded SmolLM2-135M-Instruct)
+    extractor_model: str | None = None  # crl/static: the extractor's own local causal LM (default: --model)
     device: str = "cpu"  # where the learner trains (and the transformers backend generates): cpu, cuda, cuda:1
     backend: str = "transformers"  # actor rollouts: transformers (shares the learner's weights) or vllm (GPU)
     vllm_memory: float = 0.5  # --backend vllm: the engine's gpu_memory_utilization (the learner needs the rest)
@@ -125,11 +133,27 @@ class TrainConfig:
     # e.g. {"max_tool_calls": 0}; "manager_config" is merged into the trainer's own
     agent_args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def experience(self) -> bool:
+        """Whether this mode plays half of each group with experience (crl and static)."""
+        return self.mode in EXPERIENCE_MODES
+
+    @property
+    def task_ids(self) -> list[str]:
+        """``tasks`` as env ids (a task set's members, or the comma list), each checked to run here."""
+        from crl_envs.task_sets import resolve_tasks
+
+        return resolve_tasks(self.tasks)
+
     def check(self) -> None:
+        self.task_ids  # noqa: B018 - raises TaskSetError (a ValueError) naming each id that cannot run
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {MODES}, got {self.mode!r}")
-        if self.group_size < 2 or (self.mode == "crl" and self.group_size % 2):
-            raise ValueError("--group-size must be >= 2 (and even in crl mode: half without experience, half with)")
+        if self.group_size < 2 or (self.experience and self.group_size % 2):
+            raise ValueError("--group-size must be >= 2 (and even in crl and static modes: half without experience, "
+                             "half with)")
+        if self.extractor_model and not self.experience:
+            raise ValueError("--extractor-model is for --mode crl or static (grpo has no extractor)")
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend must be one of {BACKENDS}")
         if self.backend == "vllm" and self.lora_rank < 1:
@@ -206,14 +230,16 @@ def build(cfg: TrainConfig, out: Path, dist=None):
     opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed,
                 history=cfg.history)
     extractor = extractor_learner = None
-    if cfg.mode == "crl":
+    if cfg.experience:
         main_rank = not many or dist.main
         if main_rank:
-            extractor = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed + 1,
-                                 **threads)
-            ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
-            extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo",
-                                              token_budget=cfg.token_budget)
+            # a model of its own (never the actor's weights): in crl mode it trains with its own optimiser
+            extractor = make_llm("transformers", cfg.extractor_model or cfg.model, device=cfg.device, dtype=cfg.dtype,
+                                 seed=cfg.seed + 1, **threads)
+            if cfg.mode == "crl":
+                ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
+                extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo",
+                                                  token_budget=cfg.token_budget)
         extra = dict(cfg.agent_args)
         manager_config = {**manager_settings(cfg), **extra.pop("manager_config", {})}
         try:
@@ -259,7 +285,8 @@ def distil_choice(cfg: TrainConfig, rng: random.Random) -> set[tuple[int, int]]:
 
 
 async def open_pool(cfg: TrainConfig):
-    """The run's env pool, ``--concurrency`` slots of ``--env``, started: every rollout and evaluation reuses it.
+    """The run's env pool, ``--concurrency`` slots shared out over the ``--tasks``, started: every rollout
+    and evaluation reuses it.
 
     ``--num-workers 0`` runs the envs in this process (a thread each); otherwise they run in that many
     worker processes (or Ray actors, ``--env-backend ray``), and a worker that crashes is restarted and
@@ -269,7 +296,10 @@ async def open_pool(cfg: TrainConfig):
 
     make_kwargs = {"max_episode_steps": cfg.max_steps} if cfg.max_steps else {}
     backend = cfg.env_backend if cfg.num_workers > 0 else "inline"
-    pool = make_pool([(cfg.env, make_kwargs)] * cfg.concurrency, backend, num_workers=cfg.num_workers or None,
+    tasks = cfg.task_ids
+    # the slots go to the tasks in turn (at least one each), so --concurrency bounds the envs in all
+    slots = [tasks[i % len(tasks)] for i in range(max(cfg.concurrency, len(tasks)))]
+    pool = make_pool([(t, make_kwargs) for t in slots], backend, num_workers=cfg.num_workers or None,
                      timeout=cfg.step_timeout)
     try:
         await pool.start()
@@ -280,20 +310,20 @@ async def open_pool(cfg: TrainConfig):
 
 
 async def play(cfg: TrainConfig, pool, agent, episodes: list[EpisodeContext], explore: float) -> list[Episode]:
-    """Play ``episodes`` concurrently on the run's env ``pool`` (at most ``--concurrency`` at once); the agent
-    explores as asked."""
-    n = min(cfg.concurrency, len(episodes))
-    slots: asyncio.Queue = asyncio.Queue()
-    for i in range(n):
-        slots.put_nowait(PoolSlot(pool, i))
+    """Play ``episodes`` concurrently on the run's env ``pool`` (each on a slot of its task; at most
+    ``--concurrency`` at once); the agent explores as asked."""
+    slots: dict[str, asyncio.Queue] = {}
+    for i in range(pool.num_slots):
+        slots.setdefault(pool.env_id(i), asyncio.Queue()).put_nowait(PoolSlot(pool, i))
     agent.explore = explore
 
     async def one(ctx: EpisodeContext) -> Episode:
-        slot = await slots.get()
+        free = slots[ctx.env_id]
+        slot = await free.get()
         try:
             return await run_episode(slot, agent, ctx)
         finally:
-            slots.put_nowait(slot)
+            free.put_nowait(slot)
 
     return list(await asyncio.gather(*(one(c) for c in episodes)))
 
@@ -424,7 +454,9 @@ def extractor_samples(manager, step: int, cooldown: int, batch: int):
 
 
 async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None) -> dict[str, Any]:
-    """Held-out success with the pure policy (no exploration), with and without experience in crl mode.
+    """Held-out success with the pure policy (no exploration), with and without experience in crl and
+    static modes: ``--eval-episodes`` seeds of each task, the mean over all of them (and each task's own
+    under ``success/<task>`` when there are several).
 
     Under torchrun each rank plays its share of the seeds and every rank gets the same row."""
     seeds = range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes)
@@ -433,7 +465,7 @@ async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None) -> dict[
     if learning is not None:
         agent.learning = False  # held-out episodes are never distilled nor credited to entries
     try:
-        for with_exp in ([False, True] if cfg.mode == "crl" else [False]):
+        for with_exp in ([False, True] if cfg.experience else [False]):
             await _evaluate_half(cfg, pool, agent, seeds, with_exp, row, dist)
     finally:
         if learning is not None:
@@ -442,18 +474,22 @@ async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None) -> dict[
 
 
 async def _evaluate_half(cfg: TrainConfig, pool, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None) -> None:
-    mine = dist.share(len(seeds)) if dist is not None else range(len(seeds))
-    eps = await play(cfg, pool, agent, [EpisodeContext(cfg.env, seeds[i], i, with_experience=with_exp) for i in mine],
-                     explore=0.0)
-    results = [(e.success, e.error is not None, e.actions) for e in eps]
+    tasks = cfg.task_ids
+    todo = [(task, i) for task in tasks for i in range(len(seeds))]
+    mine = dist.share(len(todo)) if dist is not None else range(len(todo))
+    ctxs = [EpisodeContext(todo[j][0], seeds[todo[j][1]], todo[j][1], with_experience=with_exp) for j in mine]
+    eps = await play(cfg, pool, agent, ctxs, explore=0.0)
+    results = [(c.env_id, e.success, e.error is not None, e.actions) for c, e in zip(ctxs, eps, strict=True)]
     if dist is not None:
         results = [r for part in dist.gather(results) for r in part]
-    n = len(results)
     key, tag = ("with_experience", "_with_experience") if with_exp else ("success", "")
-    row[key] = sum(ok for ok, err, _ in results if not err) / n
-    row[key + "_se"] = math.sqrt(row[key] * (1 - row[key]) / n)
-    row["errored" + tag] = sum(err for _, err, _ in results)
-    row["mean_actions" + tag] = sum(a for _, _, a in results) / n
+    for task in [None, *tasks] if len(tasks) > 1 else [None]:
+        part = [r for r in results if task is None or r[0] == task]
+        n, suffix = len(part), "" if task is None else f"/{task}"
+        row[key + suffix] = sum(ok for _, ok, err, _ in part if not err) / n
+        row[key + "_se" + suffix] = math.sqrt(row[key + suffix] * (1 - row[key + suffix]) / n)
+        row["errored" + tag + suffix] = sum(err for _, _, err, _ in part)
+        row["mean_actions" + tag + suffix] = sum(a for *_, a in part) / n
 
 
 def plot_curve(out: Path, evals: list[dict[str, Any]], cfg: TrainConfig) -> Path:
@@ -470,7 +506,7 @@ def plot_curve(out: Path, evals: list[dict[str, Any]], cfg: TrainConfig) -> Path
             ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * s for s in se], marker="o", capsize=3, label=label)
     ax.set_xlabel("training step")
     ax.set_ylabel(f"held-out success % ({cfg.eval_episodes} seeds)")
-    ax.set_title(f"{cfg.mode} on {cfg.env}")
+    ax.set_title(f"{cfg.mode} on {', '.join(cfg.task_ids)}", fontsize=8 if len(cfg.task_ids) > 1 else None)
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -514,25 +550,28 @@ def rewrite_jsonl(path: Path, keep) -> None:
 
 def eval_command(cfg: TrainConfig, out: Path) -> str:
     """The ``eval.run`` command that plays the trained adapter(s) as trained (same prompt options)."""
-    agent = "crl" if cfg.mode == "crl" else "llm"
+    agent = "crl" if cfg.experience else "llm"
     opts = {"adapter": out / "adapters" / "actor", "history": cfg.history, "temperature": cfg.temperature,
             "score_norm": cfg.score_norm, "action_mode": "score"}
     extra = dict(cfg.agent_args)
-    if cfg.mode == "crl":
-        opts["extractor_adapter"] = out / "adapters" / "extractor"
+    if cfg.experience:
+        if cfg.mode == "crl":  # static: the extractor was never trained, it plays as it is
+            opts["extractor_adapter"] = out / "adapters" / "extractor"
         manager = {**manager_settings(cfg), **extra.pop("manager_config", {})}
         manager.pop("merge_every")  # at test time the manager merges on its own schedule
         opts["manager_config"] = manager
     opts.update(extra)
     opts = {k: "'" + json.dumps(v, separators=(",", ":")) + "'" if isinstance(v, dict | list) else v
             for k, v in opts.items()}
-    cmd = [f"python -m eval.run --agent {agent} --tasks {cfg.env} --episodes {cfg.eval_episodes} --seed {cfg.eval_seed}",
+    cmd = [f"python -m eval.run --agent {agent} --tasks {cfg.tasks} --episodes {cfg.eval_episodes} --seed {cfg.eval_seed}",
            *(f"--agent-arg {k}={v}" for k, v in opts.items())]
     if cfg.model:
         cmd.append(f"--model {cfg.model}")
+    if cfg.extractor_model:
+        cmd.append(f"--extractor-model {cfg.extractor_model}")
     if cfg.max_steps:
         cmd.append(f"--max-steps {cfg.max_steps}")
-    if cfg.mode == "crl":
+    if cfg.experience:
         cmd.append(f"--bank <a copy of {out / 'experience_bank'}>")
     return " ".join(cmd)
 
@@ -591,8 +630,8 @@ def check_world(cfg: TrainConfig, dist) -> None:
     if cfg.groups < dist.world or cfg.eval_episodes < dist.world:
         raise ValueError(f"--groups and --eval-episodes must be at least the number of processes ({dist.world}): "
                          "each rank plays whole groups and its share of the held-out seeds")
-    if cfg.mode == "crl" and cfg.agent_args.get("max_tool_calls", 2) != 0:
-        raise ValueError("crl mode under torchrun needs --agent-arg max_tool_calls=0: a search-and-ask is answered "
+    if cfg.experience and cfg.agent_args.get("max_tool_calls", 2) != 0:
+        raise ValueError(f"{cfg.mode} mode under torchrun needs --agent-arg max_tool_calls=0: a search-and-ask is answered "
                          "by the extractor, which only rank 0 holds")
 
 
@@ -624,6 +663,8 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
         raise SystemExit(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
     if resume and ckpt_path.exists():  # refused before anything loads (or opens the bank)
         saved = torch.load(ckpt_path, weights_only=False, map_location="cpu")["config"]  # what the weights came from
+        if "env" in saved:  # a run from before --tasks named its one task --env
+            saved.setdefault("tasks", saved.pop("env"))
         # a run from before a field existed ran with its default (e.g. --agent-arg, --distil-per-group)
         for f in dataclasses.fields(TrainConfig):
             saved.setdefault(f.name, f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
@@ -649,7 +690,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             from crl_agent.rl import export_weights
 
             llm.load_adapter(str(export_weights(trained, home / "adapters" / "actor")), version=learner.version)
-        if extractor is not None:
+        if ext_learner is not None:
             extractor.set_policy_version(ext_learner.version)
     if not dist.same_weights(learner.params):
         raise RuntimeError("the ranks do not hold the same actor weights (a checkpoint written under another setup?)")
@@ -659,6 +700,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
         rewrite_jsonl(out / "evals.jsonl", lambda row: row in evals)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     half = cfg.group_size // 2
+    tasks = cfg.task_ids
     scalars = Scalars(out) if main_rank else None
     ext_job = None  # the extractor update in flight: (task, the calls it trains on)
     pool = None
@@ -682,7 +724,8 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             last = dist.broadcast(step + 1 == cfg.steps or (cfg.time_budget_min > 0
                                                             and trained_s() > 60 * cfg.time_budget_min))
             t0 = time.perf_counter()
-            # 1. rollout: `groups` seeds x K rollouts; crl: the first K/2 of each group without experience
+            # 1. rollout: `groups` seeds x K rollouts (the groups go to the tasks in turn); crl and static: the
+            # first K/2 of each group without experience
             manager = getattr(agent, "manager", None)
             merged = {}
             if manager is not None and main_rank:
@@ -692,7 +735,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             await sync_bank(agent, out, dist)
             # 4a. extractor update (CISPO on meta-rewarded calls), on rank 0: launched now, beside the rollouts
             ext_row: dict[str, float] = {}
-            if manager is not None and main_rank and step >= cfg.extractor_warmup:
+            if ext_learner is not None and main_rank and step >= cfg.extractor_warmup:  # crl (static: frozen)
                 ext_samples, used = extractor_samples(manager, step, cfg.cooldown, cfg.extractor_batch)
                 if ext_samples:
                     manager.pause_extractor()  # the bank is fenced until the update is in
@@ -702,9 +745,10 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                         ext_row = await join_extractor(job, manager, step)
             # training seeds stay below --eval-seed, so no held-out seed is ever trained on
             seeds = [(cfg.seed * 100_003 + step * cfg.groups + g) % cfg.eval_seed for g in range(cfg.groups)]
+            group_task = [tasks[(step * cfg.groups + g) % len(tasks)] for g in range(cfg.groups)]
             distilled = distil_choice(cfg, random.Random(cfg.seed * 7_919 + step))
             # each rank plays whole groups (round robin), so advantages need no communication
-            ctxs = [EpisodeContext(cfg.env, seeds[g], g, sample=k, with_experience=cfg.mode == "crl" and k >= half,
+            ctxs = [EpisodeContext(group_task[g], seeds[g], g, sample=k, with_experience=cfg.experience and k >= half,
                                    distil=(g, k) in distilled)
                     for g in dist.share(cfg.groups) for k in range(cfg.group_size)]
             episodes = await play(cfg, pool, agent, ctxs, explore=cfg.explore)
@@ -718,9 +762,10 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                 else:
                     agent.outbox = []
             kept = [(c, e) for c, e in zip(ctxs, episodes, strict=True) if e.error is None]
-            # 2. advantages within each (seed, with/without experience) half
+            # 2. advantages within each (group, with/without experience) half
             rewards = [float(e.success) for _, e in kept]
-            adv = split_group_advantages(rewards, [c.seed for c, _ in kept], [c.with_experience for c, _ in kept],
+            adv = split_group_advantages(rewards, [c.episode_index for c, _ in kept],
+                                         [c.with_experience for c, _ in kept],
                                          scale=cfg.adv_scale).tolist() if kept else []
             # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
             samples = turn_samples([e for _, e in kept], adv, cfg.turn_weight, cfg.turns_per_episode,
@@ -729,7 +774,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             metrics = await update(llm, learner, samples, home / "adapters" / "actor", cfg.ppo_epochs,
                                    weight=loss_weight([e for _, e in kept], cfg.turn_weight))
             # the step's numbers over every rank's episodes
-            local = {"rewards": [(c.with_experience, r) for (c, _), r in zip(kept, rewards, strict=True)],
+            local = {"rewards": [(c.env_id, c.with_experience, r) for (c, _), r in zip(kept, rewards, strict=True)],
                      "episodes": len(episodes), "tokens": rollout_tokens(episodes), "samples": len(samples)}
             parts = dist.gather(local)
             every = [x for p in parts for x in p["rewards"]]
@@ -739,13 +784,18 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                    "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
                    "samples": sum(p["samples"] for p in parts), "episodes": n_episodes,
                    "errored": n_episodes - len(every),
-                   "train_success": sum(r for _, r in every) / max(1, len(every)),
+                   "train_success": sum(r for *_, r in every) / max(1, len(every)),
                    **{f"actor/{k}": v for k, v in metrics.items()}}
             if dist.world > 1:
                 row["processes"] = dist.world
-            if cfg.mode == "crl":
-                wo = [r for w, r in every if not w]
-                wi = [r for w, r in every if w]
+            if len(tasks) > 1:
+                for task in tasks:
+                    mine = [r for t, _, r in every if t == task]
+                    if mine:
+                        row[f"train_success/{task}"] = sum(mine) / len(mine)
+            if cfg.experience:
+                wo = [r for _, w, r in every if not w]
+                wi = [r for _, w, r in every if w]
                 row["train_success_without_experience"] = sum(wo) / max(1, len(wo))
                 row["train_success_with_experience"] = sum(wi) / max(1, len(wi))
             # 4b. the extractor update joins (rank 0); the held distillations now run on its new weights
@@ -808,6 +858,15 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
 
 
 # ---------------------------------------------------------------------------------------- CLI
+HELP = {
+    "tasks": "a task set (3, 6, swe; as eval.run) or a comma list of env ids; each step's groups go to them in turn "
+             "(default: crl/MiniHack-Room-Random-5x5-Short-v0)",
+    "mode": "grpo (outcome-only), crl (actor and extractor both trained) or static (the extractor frozen; its bank "
+            "still grows online) (default: grpo)",
+    "extractor_model": "crl/static: a local causal LM for the extractor (default: --model)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m crl_agent.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="run folder (metrics, evals, checkpoint, bank, curve)")
@@ -819,9 +878,11 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(TrainConfig):
         if f.name == "agent_args":
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-")]
+        if f.name == "tasks":
+            flags.append("--env")  # the one-task spelling of earlier versions
         kind = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}[str(f.type)]
-        p.add_argument(flag, type=kind, default=f.default, help=f"default: {f.default}")
+        p.add_argument(*flags, dest=f.name, type=kind, default=f.default, help=HELP.get(f.name, f"default: {f.default}"))
     return p
 
 

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
-from crl_agent.train import TrainConfig, main, train  # noqa: E402
+from crl_agent.train import TrainConfig, build_parser, main, train  # noqa: E402
 from tests.test_rl_bandit import DoorEnv  # noqa: E402
 
 DOORS = "test/Doors-v0"
@@ -38,7 +38,7 @@ def one_thread():
 
 
 def test_grpo_training_takes_the_tiny_model_from_chance_to_solving_held_out_seeds(tiny, tmp_path):
-    cfg = TrainConfig(env=DOORS, mode="grpo", model=tiny, dtype="float32", steps=25, groups=2, group_size=8,
+    cfg = TrainConfig(tasks=DOORS, mode="grpo", model=tiny, dtype="float32", steps=25, groups=2, group_size=8,
                       lr=3e-3, lora_rank=0, score_norm="mean", eval_every=25, eval_episodes=48, seed=0)
     evals = asyncio.run(train(cfg, tmp_path, quiet=True))
     first, last = evals[0], evals[-1]
@@ -51,7 +51,7 @@ def test_grpo_training_takes_the_tiny_model_from_chance_to_solving_held_out_seed
 
 
 def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny, tmp_path):
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "1", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "1", "--embedder", "hash",
             "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4", "--distil-workers", "2",
             "--agent-arg", "max_tool_calls=0", "--agent-arg", 'manager_config={"merge_threshold": 0.95}']
@@ -127,7 +127,7 @@ def test_the_extractor_update_runs_beside_the_rollouts_and_no_distillation_runs_
     monkeypatch.setattr(PolicyLearner, "update", update)
     monkeypatch.setattr(ExperienceManager, "distil", distil)
     monkeypatch.setattr(ex, "parse_distil", parse_distil)
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "1", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "0", "--embedder", "hash",
             "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4", "--steps", "4",
             "--extractor-async", str(beside), "--agent-arg", "max_tool_calls=0"]
@@ -147,7 +147,7 @@ def test_exported_adapters_load_into_a_backend_and_reproduce_the_trained_policy(
     from crl_agent.llm import make_llm
     from crl_agent.rl import add_lora, load_checkpoint
 
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "0", "--lora-rank", "4",
             "--lr", "0.05", "--steps", "3", "--score-norm", "mean"]
     assert main(args) == 0
@@ -179,7 +179,7 @@ def test_exported_adapters_load_into_a_backend_and_reproduce_the_trained_policy(
 def test_agent_args_reach_the_agent_and_the_eval_command_and_trainer_owned_ones_are_refused(tiny, tmp_path, capsys):
     from crl_agent.train import eval_command
 
-    base = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--model", tiny, "--dtype", "float32", "--steps", "1"]
+    base = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--model", tiny, "--dtype", "float32", "--steps", "1"]
     for bad, why in ((["--agent-arg", "temperature=0.5"], "set by the trainer"),
                      (["--agent-arg", "no-key"], "KEY=VALUE"),
                      (["--agent-arg", "manager_config=[1]", "--mode", "crl"], "JSON object"),
@@ -187,7 +187,7 @@ def test_agent_args_reach_the_agent_and_the_eval_command_and_trainer_owned_ones_
         with pytest.raises(SystemExit) as e:
             main([*base, *bad])
         assert e.value.code == 2 and why in capsys.readouterr().err, bad
-    cfg = TrainConfig(env=DOORS, mode="crl", distil_max_tokens=96, distil_workers=4,
+    cfg = TrainConfig(tasks=DOORS, mode="crl", distil_max_tokens=96, distil_workers=4,
                       agent_args={"max_tool_calls": 0, "manager_config": {"merge_threshold": 0.95}})
     cmd = eval_command(cfg, tmp_path)
     assert "--agent-arg max_tool_calls=0" in cmd
@@ -217,7 +217,7 @@ def test_distil_per_group_picks_that_many_rollouts_of_each_group_alternating_hal
 
 
 def test_a_crl_step_with_distil_per_group_distils_only_that_many_episodes(tiny, tmp_path):
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "4", "--eval-episodes", "1", "--eval-every", "0", "--embedder", "hash",
             "--lora-rank", "4", "--distil-max-tokens", "16", "--distil-per-group", "1", "--steps", "2",
             "--agent-arg", "max_tool_calls=0"]
@@ -274,7 +274,7 @@ def test_a_trainer_killed_at_a_random_point_reopens_consistent_and_resumes(tiny,
     from crl_agent.rl import load_checkpoint
 
     out = tmp_path / "run"
-    args = ["--out", str(out), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(out), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "3", "--embedder", "hash",
             "--extractor-warmup", "1", "--extractor-batch", "2", "--lora-rank", "4", "--score-norm", "mean",
             "--distil-max-tokens", "24", "--threads", "1"]
@@ -370,7 +370,7 @@ def test_envs_in_worker_processes_a_crashed_worker_errors_its_episodes_and_train
                                                                                               monkeypatch):
     mark = tmp_path / "crashed"
     monkeypatch.setenv("CRL_TEST_CRASH_MARK", str(mark))  # the spawned workers inherit it
-    cfg = TrainConfig(env=CRASHY, mode="grpo", model=tiny, dtype="float32", steps=3, groups=2, group_size=4,
+    cfg = TrainConfig(tasks=CRASHY, mode="grpo", model=tiny, dtype="float32", steps=3, groups=2, group_size=4,
                       lr=3e-3, lora_rank=0, score_norm="mean", eval_every=0, eval_episodes=8, seed=0,
                       concurrency=4, num_workers=2, env_backend="process")
     evals = asyncio.run(train(cfg, tmp_path / "run", quiet=True))
@@ -385,3 +385,92 @@ def test_envs_in_worker_processes_a_crashed_worker_errors_its_episodes_and_train
     more = dataclasses.replace(cfg, steps=4, num_workers=0)
     asyncio.run(train(more, tmp_path / "run", resume=True, quiet=True))
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+# ------------------------------------------------------------------ static mode, several tasks, the extractor's model
+STATIC = ["--tasks", DOORS, "--mode", "static", "--dtype", "float32", "--groups", "1", "--group-size", "4",
+          "--eval-episodes", "4", "--eval-every", "1", "--embedder", "hash", "--extractor-warmup", "0",
+          "--extractor-batch", "1", "--lora-rank", "4", "--distil-workers", "2", "--distil-max-tokens", "32",
+          "--agent-arg", "max_tool_calls=0"]
+
+
+def test_static_mode_grows_the_bank_online_but_never_trains_the_extractor(tiny, tmp_path):
+    from crl_agent.train import eval_command
+
+    args = ["--out", str(tmp_path), "--quiet", "--model", tiny, *STATIC]
+    assert main([*args, "--steps", "2"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # split groups as in crl: half of each group with experience, the bank distilled online
+    assert all(r["episodes"] == 4 and "train_success_with_experience" in r for r in rows)
+    assert rows[-1]["extractor/distillations"] > 0
+    calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
+    assert any(c.get("type") == "call" and c.get("kind") == "distil" for c in calls)
+    # warm-up 0 and a batch of 1 would train a crl extractor at once; a static one never is
+    assert not any(k.startswith("extractor/loss") or k == "extractor/reward" for r in rows for k in r)
+    assert not (tmp_path / "adapters" / "extractor").exists() and (tmp_path / "adapters" / "actor").exists()
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert set(ck["models"]) == set(ck["learners"]) == {"actor"} and ck["config"]["mode"] == "static"
+    evals = [json.loads(x) for x in (tmp_path / "evals.jsonl").read_text().splitlines()]
+    assert all("with_experience" in e for e in evals)
+    cmd = eval_command(TrainConfig(tasks=DOORS, mode="static"), tmp_path)
+    assert "--agent crl" in cmd and "extractor_adapter" not in cmd and "--bank" in cmd
+    assert main([*args, "--steps", "3", "--resume"]) == 0
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_several_tasks_share_the_steps_groups_and_each_is_evaluated(tiny, tmp_path):
+    both = f"{DOORS},{CRASHY}"  # (no crash mark set: the second is the same bandit under another id)
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", both, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
+            "--groups", "2", "--group-size", "4", "--eval-episodes", "6", "--eval-every", "0", "--lora-rank", "4",
+            "--concurrency", "4", "--steps", "2"]
+    assert main(args) == 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:  # one group of each task a step
+        assert r["episodes"] == 8 and {f"train_success/{DOORS}", f"train_success/{CRASHY}"} <= set(r)
+        assert r["train_success"] == pytest.approx((r[f"train_success/{DOORS}"] + r[f"train_success/{CRASHY}"]) / 2)
+    for e in (json.loads(x) for x in (tmp_path / "evals.jsonl").read_text().splitlines()):
+        assert e["success"] == pytest.approx((e[f"success/{DOORS}"] + e[f"success/{CRASHY}"]) / 2)
+        assert e["errored"] == 0 and f"success_se/{CRASHY}" in e
+    from crl_agent.train import eval_command
+
+    assert f"--tasks {both} --episodes 6" in eval_command(TrainConfig(tasks=both), tmp_path)
+
+
+def test_task_sets_resolve_as_in_eval_and_an_unknown_task_is_a_clear_error(capsys, tmp_path):
+    from crl_envs.task_sets import TASK_SETS
+
+    assert TrainConfig(tasks="6").task_ids == list(TASK_SETS["6"])
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path), "--quiet", "--tasks", f"{DOORS},crl/Sokoban-6x6-9-v0", "--steps", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "crl/Sokoban-6x6-9-v0" in err and "Did you mean" in err
+    assert not (tmp_path / "checkpoint.pt").exists()
+    # the one-task spelling of earlier versions still works
+    args = build_parser().parse_args(["--out", "x", "--env", DOORS])
+    assert args.tasks == DOORS
+
+
+def test_the_extractor_runs_on_its_own_model_and_grpo_refuses_one(tiny, tmp_path, capsys):
+    from crl_agent.train import build, eval_command
+
+    other = str(build_tiny_chat_model(tmp_path / "other", seed=1))
+    cfg = TrainConfig(tasks=DOORS, mode="crl", model=tiny, extractor_model=other, dtype="float32", lora_rank=4,
+                      embedder="hash", agent_args={"max_tool_calls": 0})
+    llm, trained, learner, agent, extractor, ext_learner = build(cfg, tmp_path / "run")
+    try:
+        from transformers import AutoModelForCausalLM
+
+        def embedding(model):  # whatever the LoRA wrapper's prefix
+            return next(p for n, p in model.named_parameters() if n.endswith("embed_tokens.weight"))
+
+        torch.testing.assert_close(embedding(extractor.model), embedding(AutoModelForCausalLM.from_pretrained(other)))
+        assert not torch.equal(embedding(extractor.model), embedding(llm.model))
+        # the bank's extractor is that model, and its learner trains it (not the actor's weights)
+        assert agent.manager.extractor is extractor and embedding(ext_learner.model) is embedding(extractor.model)
+    finally:
+        asyncio.run(agent.aclose())
+        asyncio.run(extractor.aclose())
+    assert f"--extractor-model {other}" in eval_command(cfg, tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "g"), "--quiet", "--tasks", DOORS, "--mode", "grpo", "--extractor-model", other])
+    assert e.value.code == 2 and "--extractor-model is for --mode crl or static" in capsys.readouterr().err

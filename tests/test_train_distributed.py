@@ -166,7 +166,7 @@ def rows(path: Path) -> list[dict]:
 
 
 def test_grpo_under_torchrun_learns_the_bandit_with_two_ranks_and_resumes(tiny, tmp_path):
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "8", "--lr", "3e-3", "--lora-rank", "0", "--score-norm", "mean",
             "--eval-every", "0", "--eval-episodes", "48", "--threads", "1"]
     done = torchrun([*args, "--steps", "20"])
@@ -183,7 +183,7 @@ def test_grpo_under_torchrun_learns_the_bandit_with_two_ranks_and_resumes(tiny, 
 
 
 def test_crl_under_torchrun_distils_every_ranks_episodes_on_rank_0(tiny, tmp_path):
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "1", "--embedder", "hash",
             "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4", "--distil-max-tokens", "16",
             "--threads", "1", "--steps", "2"]
@@ -208,7 +208,7 @@ def test_a_killed_rank_ends_the_launch_instead_of_hanging_and_the_run_resumes(ti
     import time
 
     psutil = pytest.importorskip("psutil")
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "0", "--embedder", "hash",
             "--extractor-warmup", "1", "--extractor-batch", "2", "--lora-rank", "4", "--distil-max-tokens", "16",
             "--threads", "1", "--agent-arg", "max_tool_calls=0"]
@@ -242,7 +242,7 @@ def test_a_killed_rank_ends_the_launch_instead_of_hanging_and_the_run_resumes(ti
 def test_accelerate_launch_runs_the_same_data_parallel_trainer(tiny, tmp_path):
     # `accelerate launch --multi_gpu` starts the ranks through torchrun; on a CPU they meet over gloo
     pytest.importorskip("accelerate")
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "grpo", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "4", "--lora-rank", "4", "--eval-every", "0", "--eval-episodes", "4",
             "--threads", "1"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

@@ -34,7 +34,7 @@ def test_vllm_serves_each_trained_adapter_and_stamps_its_version(tiny, tmp_path)
     from crl_agent.llm import make_llm
     from crl_agent.train import main
 
-    args = ["--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "grpo", "--model", tiny, "--backend", "vllm",
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "grpo", "--model", tiny, "--backend", "vllm",
             "--device", "cuda", "--dtype", "float32", "--vllm-memory", "0.3", "--groups", "2", "--group-size", "8",
             "--lora-rank", "4", "--lr", "0.05", "--score-norm", "mean", "--eval-every", "0", "--eval-episodes", "8"]
     assert main([*args, "--steps", "3"]) == 0
@@ -72,7 +72,7 @@ def test_two_gpus_under_torchrun_each_run_a_vllm_replica_and_average_gradients(t
     root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "tests.dist_train",
-           "--out", str(tmp_path), "--quiet", "--env", DOORS, "--mode", "grpo", "--model", tiny, "--backend", "vllm",
+           "--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "grpo", "--model", tiny, "--backend", "vllm",
            "--device", "cuda", "--dtype", "float32", "--vllm-memory", "0.3", "--groups", "2", "--group-size", "8",
            "--lora-rank", "4", "--lr", "0.05", "--score-norm", "mean", "--eval-every", "0", "--eval-episodes", "8",
            "--steps", "3"]
