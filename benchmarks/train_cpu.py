@@ -9,7 +9,7 @@ evaluation, the settings and the verdict: held-out success must rise by at least
 
 Runs go in parallel as subprocesses (one torch thread each), so on 2 cores ``--jobs 2`` trains two at once.
 
-Run: ``python benchmarks/train_cpu.py [--modes grpo,crl] [--seeds 0,1] [--minutes 30] [--jobs 2]``;
+Run: ``python benchmarks/train_cpu.py [--modes grpo,crl[,static]] [--seeds 0,1] [--minutes 30] [--jobs 2]``;
 a variant: ``--tag NAME --set lr=2e-3 --set ppo-epochs=2`` (runs in ``runs/train_cpu/NAME``, results in
 ``train_cpu_NAME.{json,png}``); ``--report`` rebuilds the results from finished run folders, ``--plot``
 only redraws the PNG from the results JSON.
@@ -73,7 +73,7 @@ def run_one(mode: str, seed: int, minutes: float, out: Path, settings: dict, thr
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "crl_agent.train", "--out", str(out), "--quiet", "--mode", mode, "--seed", str(seed),
            "--time-budget-min", str(minutes), "--threads", str(threads),
-           *flags({**settings, **(CRL_SETTINGS if mode == "crl" else {})})]
+           *flags({**settings, **(CRL_SETTINGS if mode in ("crl", "static") else {})})]
     if (out / "checkpoint.pt").exists():
         cmd.append("--resume")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -102,7 +102,7 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
         if "with_experience" in evals[-1]:
             row["before_with_experience"] = evals[0]["with_experience"]
             row["after_with_experience"] = evals[-1]["with_experience"]
-    if metrics and mode == "crl":
+    if metrics and mode in ("crl", "static"):
         last = metrics[-1]
         valid, bad = last.get("extractor/valid_ops", 0), last.get("extractor/malformed", 0)
         row["extractor"] = {
@@ -125,6 +125,8 @@ def keep_earlier(rows: list[dict], path: Path, settings: dict, minutes: float, j
     if not path.exists():
         return []
     earlier = json.loads(path.read_text())
+    if "env" in earlier.get("settings", {}):  # written before the trainer's --env became --tasks
+        earlier["settings"] = {("tasks" if k == "env" else k): v for k, v in earlier["settings"].items()}
     if (earlier.get("settings"), earlier.get("minutes"), earlier.get("jobs")) != (settings, minutes, jobs):
         print(f"{path.name}: earlier runs made with other settings are replaced")
         return []
@@ -162,12 +164,12 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
         for r in crl:
             if r.get("extractor_reward"):
                 ax2.plot(*zip(*r["extractor_reward"], strict=True), marker="o",
-                         label=f"seed {r['seed']}: meta-reward (mean ±1 outcome)")
+                         label=f"{r['mode']} seed {r['seed']}: meta-reward (mean ±1 outcome)")
             if r.get("extractor_valid_rate"):
                 ax2.plot(*zip(*r["extractor_valid_rate"], strict=True), linestyle="--",
-                         label=f"seed {r['seed']}: valid-operation rate so far")
+                         label=f"{r['mode']} seed {r['seed']}: valid-operation rate so far")
         ax2.set_xlabel("training step")
-        ax2.set_title("crl extractor over training", fontsize=9)
+        ax2.set_title("the extractor over training (static: frozen)", fontsize=9)
         ax2.set_ylim(-1.05, 1.05)
         ax2.axhline(0, color="grey", linewidth=0.5)
         ax2.grid(alpha=0.3)
