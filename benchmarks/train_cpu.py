@@ -112,6 +112,9 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
             "updates": sum(1 for m in metrics if m.get("extractor/updated")),
         }
         row["extractor_reward"] = [(m["step"], m["extractor/reward"]) for m in metrics if "extractor/reward" in m]
+        # the mean meta-reward over every call rewarded so far, after each step (whether or not it trained)
+        row["extractor_meta_reward"] = [(m["step"], m["extractor/meta_reward"], m["extractor/rewarded_calls"])
+                                        for m in metrics if "extractor/meta_reward" in m]
         # the valid-operation rate so far, after each step (the counters are cumulative)
         row["extractor_valid_rate"] = [
             (m["step"], m.get("extractor/valid_ops", 0) / total)
@@ -140,7 +143,7 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    crl = [r for r in rows if r.get("extractor_reward") or r.get("extractor_valid_rate")]
+    crl = [r for r in rows if r.get("extractor_reward") or r.get("extractor_valid_rate") or r.get("extractor_meta_reward")]
     if crl:
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     else:
@@ -164,7 +167,10 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
         for r in crl:
             if r.get("extractor_reward"):
                 ax2.plot(*zip(*r["extractor_reward"], strict=True), marker="o",
-                         label=f"{r['mode']} seed {r['seed']}: meta-reward (mean ±1 outcome)")
+                         label=f"{r['mode']} seed {r['seed']}: CISPO batch meta-reward")
+            if r.get("extractor_meta_reward"):
+                steps, rewards, _ = zip(*r["extractor_meta_reward"], strict=True)
+                ax2.plot(steps, rewards, marker=".", label=f"{r['mode']} seed {r['seed']}: meta-reward so far (±1)")
             if r.get("extractor_valid_rate"):
                 ax2.plot(*zip(*r["extractor_valid_rate"], strict=True), linestyle="--",
                          label=f"{r['mode']} seed {r['seed']}: valid-operation rate so far")

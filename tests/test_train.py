@@ -137,6 +137,13 @@ def test_the_extractor_update_runs_beside_the_rollouts_and_no_distillation_runs_
     assert ["extractor/wait_s" in r for r in rows] == [False, False, True, True]
     assert all(r["extractor/samples"] == 1 for r in rows[2:]) and len(overlapped) == 2
     assert rows[-1]["extractor/valid_rate"] == 1.0  # every (parsed) reply was a valid operation
+    # the meta-reward so far, every step: none before step 2's episodes use step 1's entries
+    from crl_agent.experience.calllog import load_samples
+
+    assert rows[0]["extractor/rewarded_calls"] == 0 and "extractor/meta_reward" not in rows[0]
+    rewarded = [x.reward for x in load_samples(tmp_path / "extractor_calls.jsonl") if x.reward is not None]
+    assert rows[-1]["extractor/rewarded_calls"] == len(rewarded) > 0
+    assert rows[-1]["extractor/meta_reward"] == pytest.approx(sum(rewarded) / len(rewarded))
     assert overlapped == [bool(beside)] * 2  # beside: the step's rollouts ran while the extractor trained
     assert distilled_while_paused and not any(distilled_while_paused)  # the bank stayed fenced meanwhile
     calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
