@@ -212,10 +212,10 @@ def build(cfg: TrainConfig, out: Path, dist=None):
         from crl_agent.llm.models import resolve_model_path
 
         path = str(resolve_model_path(cfg.model)[0])
-        # under torchrun each rank runs its own engine on its own GPU, a data-parallel replica in vLLM's
-        # torchrun mode (untested on hardware: no GPU was lent while it was written)
-        ranks = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
-                 "data_parallel_size": dist.world} if many else {}
+        # under torchrun each rank runs an independent single-GPU engine on its own GPU (vLLM's own data
+        # parallelism keeps its ranks in lockstep inside every generate call, which ranks that generate at
+        # different moments would deadlock on; untested on hardware: no GPU was lent while it was written)
+        ranks = {"gpu": dist.local_rank} if many else {}
         llm = make_llm("vllm", path, seed=cfg.seed, enable_lora=True, max_lora_rank=cfg.lora_rank,
                        gpu_memory_utilization=cfg.vllm_memory, **ranks)
         base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype or "bfloat16"))

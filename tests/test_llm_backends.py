@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import time
 
 import pytest
@@ -240,6 +241,28 @@ def test_vllm_without_gpu_or_package_fails_with_the_install_hint():
     with pytest.raises(LLMError, match="cannot run here"):
         make_llm("vllm", "/models/x")
     assert why
+
+
+def test_a_vllm_engine_pinned_to_one_gpu_shows_its_process_only_that_device(monkeypatch):
+    """What the trainer under torchrun relies on: rank r's engine process sees GPU r alone, as cuda:0."""
+    import multiprocessing as mp
+
+    from crl_agent.llm.vllm_backend import only_device
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with only_device(1):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+        with mp.get_context("spawn").Pool(1) as pool:  # as vLLM starts its engine core
+            assert pool.apply(os.getenv, ("CUDA_VISIBLE_DEVICES",)) == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # indices are among the visible devices
+    with only_device(2):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "6"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    with pytest.raises(LLMError, match="shows 4 device"), only_device(4):
+        pass
+    with only_device(None):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
 
 
 @pytest.mark.gpu

@@ -17,7 +17,10 @@ computed once. (Written against vLLM's documented API; tested only where a GPU i
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,28 @@ def vllm_available() -> tuple[bool, str]:
     return True, ""
 
 
+@contextlib.contextmanager
+def only_device(gpu: int | None) -> Iterator[None]:
+    """While the engine is built, show processes started from here only GPU ``gpu`` (an index among the
+    devices visible now): vLLM runs its engine core in a process of its own, which then sees that one
+    GPU as ``cuda:0``. This process's own CUDA context is not affected. ``None``: no change."""
+    if gpu is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [d.strip() for d in before.split(",") if d.strip()] if before is not None else None
+    if visible is not None and not 0 <= gpu < len(visible):
+        raise LLMError(f"gpu={gpu} but CUDA_VISIBLE_DEVICES={before!r} shows {len(visible)} device(s)")
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[gpu] if visible is not None else str(gpu)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 def _adapter_rank(path: str) -> int:
     try:
         return int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
@@ -84,6 +109,9 @@ class VLLMLLM(LLM):
         adapter: a LoRA adapter folder (``peft`` format) applied to every request; turns on the engine's
             LoRA support (``enable_lora``, ``max_lora_rank`` from the adapter's config).
             :meth:`load_adapter` swaps it (the trainer's weight sync).
+        gpu: run the engine on this one GPU (an index among the visible devices; see :func:`only_device`):
+            the trainer under ``torchrun`` gives each rank an independent single-GPU engine on its own
+            device, so ranks never wait on each other inside vLLM. ``None``: vLLM's default placement.
         **engine_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization=0.5``,
             ``max_model_len=8192``, ``tensor_parallel_size=2``).
     """
@@ -98,6 +126,7 @@ class VLLMLLM(LLM):
         max_batch_size: int = 256,
         batch_wait_ms: float = 10.0,
         adapter: str | None = None,
+        gpu: int | None = None,
         **engine_kwargs: Any,
     ):
         ok, why = vllm_available()
@@ -116,7 +145,8 @@ class VLLMLLM(LLM):
             self.engine_kwargs.setdefault("enable_lora", True)
             self.engine_kwargs.setdefault("max_lora_rank", _adapter_rank(adapter))
         engine_kwargs = self.engine_kwargs
-        self.engine = vllm.LLM(model=self.model_name, seed=seed, **engine_kwargs)
+        with only_device(gpu):
+            self.engine = vllm.LLM(model=self.model_name, seed=seed, **engine_kwargs)
         self.tokenizer = self.engine.get_tokenizer()
         self.end_of_turn_ids = find_end_of_turn(self.tokenizer, set())
         self._batcher: RequestBatcher[_Request | _ScoreRequest, Any] = RequestBatcher(
