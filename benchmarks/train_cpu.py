@@ -122,14 +122,20 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
     return row
 
 
+def read_results(path: Path) -> dict:
+    """A results file, its settings named as now (files written before the trainer's --env became --tasks
+    have ``env``)."""
+    saved = json.loads(path.read_text())
+    saved["settings"] = {("tasks" if k == "env" else k): v for k, v in saved.get("settings", {}).items()}
+    return saved
+
+
 def keep_earlier(rows: list[dict], path: Path, settings: dict, minutes: float, jobs: int) -> list[dict]:
     """The runs of an earlier results file under this name that this invocation did not (re)make, e.g. the
     grpo runs when ``--modes crl`` follows ``--modes grpo`` with the same tag; none if its settings differ."""
     if not path.exists():
         return []
-    earlier = json.loads(path.read_text())
-    if "env" in earlier.get("settings", {}):  # written before the trainer's --env became --tasks
-        earlier["settings"] = {("tasks" if k == "env" else k): v for k, v in earlier["settings"].items()}
+    earlier = read_results(path)
     if (earlier.get("settings"), earlier.get("minutes"), earlier.get("jobs")) != (settings, minutes, jobs):
         print(f"{path.name}: earlier runs made with other settings are replaced")
         return []
@@ -158,7 +164,7 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     share = "2 cores shared by 2 runs" if jobs > 1 else "2 cores, one run at a time"
     ax.set_xlabel(f"training minutes ({share}; evaluations not counted)")
     ax.set_ylabel("held-out success % (64 seeds, temperature 1)")
-    ax.set_title(f"SmolLM2-135M on {settings.get('tasks', settings.get('env'))} (CPU, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
+    ax.set_title(f"SmolLM2-135M on {settings['tasks']} (CPU, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
                  fontsize=9)
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
@@ -209,7 +215,7 @@ def main() -> None:
     # seed-major, so with --jobs 2 each mode's runs share the machine with the other mode's
     jobs = [(m, int(s)) for s in args.seeds.split(",") for m in args.modes.split(",")]
     if args.plot:
-        saved = json.loads((RESULTS / f"{name}.json").read_text())
+        saved = read_results(RESULTS / f"{name}.json")
         plot(saved["runs"], RESULTS / f"{name}.png", saved["settings"], saved["jobs"])
         print(f"wrote {RESULTS / (name + '.png')}")
         return

@@ -814,7 +814,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                 row["bank_entries"] = len(agent.bank)
                 # the meta-reward so far (mean outcome of the episodes each call's entries guided, 0 -> -1),
                 # over every extractor call that has one: logged each step, whether or not the extractor trains
-                rewarded = [x.reward for x in manager.training_samples(step + 1, cfg.cooldown) if x.reward is not None]
+                rewarded = manager.meta_rewards()
                 row["extractor/rewarded_calls"] = len(rewarded)
                 if rewarded:
                     row["extractor/meta_reward"] = sum(rewarded) / len(rewarded)

@@ -487,6 +487,11 @@ class ExperienceManager:
         """Extractor calls with meta-rewards and count-aware weights, as of training ``step``."""
         return fold_samples(self.calls.records(), self.bank, step, cooldown)
 
+    def meta_rewards(self) -> list[float]:
+        """The meta-reward of every extractor call that has one so far (the count-aware weights are not
+        needed, so the bank is not read)."""
+        return [s.reward for s in fold_samples(self.calls.records()) if s.reward is not None]
+
     def mark_trained(self, samples: list[ExtractorSample], step: int) -> None:
         """Record that ``samples`` were trained on at ``step`` (entry ``train_count``/``last_trained_step``)."""
         ids = sorted({i for s in samples if s.kind != "answer" for i in s.entries if i in self.bank})
