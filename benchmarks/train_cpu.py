@@ -60,6 +60,12 @@ CRL_SETTINGS = {"distil-per-group": 2, "distil-workers": 8, "merge-every": 1, "e
                 "agent-arg": ["max_tool_calls=0"]}
 
 
+# the per-step diagnostics the results keep and plot: (name in the results, metrics.jsonl key)
+DIAGNOSTICS = (("policy_entropy", "rollout/policy_entropy"), ("signal_groups", "signal_groups"),
+               ("kl_ref", "actor/kl_ref"), ("tv_ref", "actor/tv_ref"), ("clip_fraction", "actor/clip_fraction"),
+               ("repeat_rate", "rollout/repeat_rate"), ("extra_groups", "extra_groups"))
+
+
 def flags(settings: dict) -> list[str]:
     """``--key value`` for each setting (a list value repeats its flag)."""
     out = []
@@ -93,7 +99,9 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
     row = {"mode": mode, "seed": seed, "run": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out),
            "train_steps": len(metrics), "train_minutes": sum(m["time_s"] for m in metrics) / 60,
            "step_s_median": sorted(m["time_s"] for m in metrics)[len(metrics) // 2] if metrics else None,
-           "train_success": [m["train_success"] for m in metrics], "evals": evals}
+           "train_success": [m["train_success"] for m in metrics], "evals": evals,
+           # per step: (step, value) of what the issue "learning that holds on every seed" diagnoses
+           "diagnostics": {key: [(m["step"], m[name]) for m in metrics if name in m] for key, name in DIAGNOSTICS}}
     if evals:
         row["before"], row["after"] = evals[0]["success"], evals[-1]["success"]
         row["gain_points"] = 100 * (row["after"] - row["before"])
@@ -150,10 +158,25 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     import matplotlib.pyplot as plt
 
     crl = [r for r in rows if r.get("extractor_reward") or r.get("extractor_valid_rate") or r.get("extractor_meta_reward")]
-    if crl:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
-    else:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+    diag = [r for r in rows if any((r.get("diagnostics") or {}).values())]
+    panels = 1 + bool(diag) + bool(crl)
+    fig, axes = plt.subplots(1, panels, figsize=(6 + 5 * (panels - 1), 4.5), squeeze=False,
+                             gridspec_kw={"width_ratios": [3] + [2] * (panels - 1)})
+    ax, rest = axes[0][0], list(axes[0][1:])
+    if diag:
+        axd = rest.pop(0)
+        for r in diag:
+            d = r["diagnostics"]
+            for key, style, label in (("policy_entropy", "-", "action entropy (nats)"),
+                                      ("signal_groups", ":", "groups with signal"),
+                                      ("kl_ref", "--", "KL to untrained")):
+                if d.get(key):
+                    axd.plot(*zip(*d[key], strict=True), linestyle=style, label=f"{r['mode']} s{r['seed']}: {label}")
+        axd.set_xlabel("training step")
+        axd.set_title("the policy over training (per step)", fontsize=9)
+        axd.grid(alpha=0.3)
+        axd.legend(fontsize=6)
+    ax2 = rest.pop(0) if crl else None
     for r in rows:
         pts = [(e.get("train_time_s", 0.0) / 60, 100 * e["success"]) for e in r["evals"]]
         if pts:

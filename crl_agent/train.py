@@ -102,6 +102,12 @@ class TrainConfig:
     lr: float = 3e-4  # AdamW, constant (LoRA; the official full fine-tune uses 1e-6)
     lora_rank: int = 16  # 0: train every weight
     clip_eps: float = 0.2
+    # robustness (0: off, the paper's algorithm): DAPO-style dynamic sampling plays up to this many extra groups a
+    # step (fresh seeds) while fewer of the step's groups than --groups have mixed outcomes, and updates only on
+    # the groups with mixed outcomes
+    dynamic_sampling: int = 0
+    kl_coef: float = 0.0  # + kl_coef * KL(policy || the untrained policy) per scored turn (exact, over its candidates)
+    entropy_coef: float = 0.0  # - entropy_coef * the entropy of each scored turn's action distribution
     ppo_epochs: int = 1  # PPO-clip updates over each rollout batch (official code: 1; more reuse costly CPU rollouts)
     adv_scale: str = "mean"  # "mean" (official code) or "mean_std" (the paper's text)
     turn_weight: str = "episode"  # episode: each episode weighs the same (one sequence of decisions); turn: each turn
@@ -164,6 +170,10 @@ class TrainConfig:
             raise ValueError(f"--turn-weight must be one of {TURN_WEIGHTINGS}")
         if self.ppo_epochs < 1:
             raise ValueError("--ppo-epochs must be >= 1")
+        if self.dynamic_sampling < 0 or not (self.kl_coef >= 0 and self.entropy_coef >= 0):
+            raise ValueError("--dynamic-sampling, --kl-coef and --entropy-coef must be >= 0")
+        if self.kl_coef > 0 and self.lora_rank < 1:
+            raise ValueError("--kl-coef needs --lora-rank >= 1: the reference policy is the model without its adapter")
         if self.turns_per_episode < 0:
             raise ValueError("--turns-per-episode must be >= 0 (0: every turn)")
         if self.eval_seed < self.groups:
@@ -226,7 +236,8 @@ def build(cfg: TrainConfig, out: Path, dist=None):
     if many:
         dist.broadcast_parameters([p for p in trained.parameters() if p.requires_grad])  # LoRA starts random
     learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget,
-                            reduce_gradients=dist.reduce_gradients if many else None)
+                            reduce_gradients=dist.reduce_gradients if many else None, kl_coef=cfg.kl_coef,
+                            entropy_coef=cfg.entropy_coef)
     opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed,
                 history=cfg.history)
     extractor = extractor_learner = None
@@ -269,15 +280,16 @@ def manager_settings(cfg: TrainConfig) -> dict[str, Any]:
             "max_trajectory_chars": cfg.distil_chars, "distil_workers": cfg.distil_workers, "merge_every": 0}
 
 
-def distil_choice(cfg: TrainConfig, rng: random.Random) -> set[tuple[int, int]]:
+def distil_choice(cfg: TrainConfig, rng: random.Random, groups: range | None = None) -> set[tuple[int, int]]:
     """The (group, rollout) pairs whose episodes the extractor distils this step: every one, or
     ``distil_per_group`` of each group drawn at random, alternately from the half without experience and
-    the half with it."""
+    the half with it (``groups``: the group indices, default the step's ``--groups``)."""
+    groups = range(cfg.groups) if groups is None else groups
     if not cfg.distil_per_group or cfg.distil_per_group >= cfg.group_size:
-        return {(g, k) for g in range(cfg.groups) for k in range(cfg.group_size)}
+        return {(g, k) for g in groups for k in range(cfg.group_size)}
     half = cfg.group_size // 2
     chosen = set()
-    for g in range(cfg.groups):
+    for g in groups:
         halves = [rng.sample(range(half), half), rng.sample(range(half, cfg.group_size), cfg.group_size - half)]
         for i in range(cfg.distil_per_group):
             chosen.add((g, halves[i % 2][i // 2]))
@@ -328,6 +340,96 @@ async def play(cfg: TrainConfig, pool, agent, episodes: list[EpisodeContext], ex
     return list(await asyncio.gather(*(one(c) for c in episodes)))
 
 
+def group_seed(cfg: TrainConfig, step: int, g: int) -> int:
+    """The training seed of group ``g`` of ``step``: the step's ``--groups`` first, then the groups that
+    dynamic sampling adds (a stream of their own, ``--dynamic-sampling`` of them per rank and step). Always
+    below ``--eval-seed``, so no held-out seed is ever trained on."""
+    if g < cfg.groups:
+        return (cfg.seed * 100_003 + step * cfg.groups + g) % cfg.eval_seed
+    return (cfg.seed * 100_003 + 500_009 + step * 1_009 * max(1, cfg.dynamic_sampling) + g - cfg.groups) % cfg.eval_seed
+
+
+def has_signal(rewards: list[float]) -> bool:
+    """Whether a (half-)group's outcomes differ, so its advantages are not all zero."""
+    return len(set(rewards)) > 1
+
+
+def informative_groups(cfg: TrainConfig, ctxs: list[EpisodeContext], episodes: list[Episode]) -> set[int]:
+    """The groups (``episode_index``) with mixed outcomes in either half (errored episodes left out): the
+    groups whose advantages are not all zero."""
+    halves: dict[tuple[int, bool], list[float]] = {}
+    for c, e in zip(ctxs, episodes, strict=True):
+        if e.error is None:
+            halves.setdefault((c.episode_index, c.with_experience), []).append(float(e.success))
+    return {g for (g, _), rs in halves.items() if has_signal(rs)}
+
+
+async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> tuple[list[EpisodeContext], list[Episode], dict]:
+    """Play this rank's share of the step's groups (``--groups`` seeds x ``--group-size`` rollouts; crl and
+    static: the first K/2 of each group without experience); with ``--dynamic-sampling N`` (DAPO), while
+    fewer of them than were scheduled have mixed outcomes, play fresh groups (at most N more) and keep for
+    the update only the groups with mixed outcomes.
+
+    Returns the contexts and episodes to learn from, and the step's numbers: ``scheduled`` (the
+    scheduled groups' contexts and episodes), ``extra_groups`` and ``signal`` (informative groups among
+    the scheduled, and in the batch kept)."""
+    tasks, half = cfg.task_ids, cfg.group_size // 2
+
+    def contexts(groups: range, distilled: set[tuple[int, int]]) -> list[EpisodeContext]:
+        # each step's groups go to the tasks in turn
+        return [EpisodeContext(tasks[(step * cfg.groups + g) % len(tasks)], group_seed(cfg, step, g), g, sample=k,
+                               with_experience=cfg.experience and k >= half, distil=(g, k) in distilled)
+                for g in groups for k in range(cfg.group_size)]
+
+    # each rank plays whole groups (round robin), so advantages need no communication
+    mine = dist.share(cfg.groups)
+    ctxs = [c for c in contexts(range(cfg.groups), distil_choice(cfg, random.Random(cfg.seed * 7_919 + step)))
+            if c.episode_index in mine]
+    episodes = await play(cfg, pool, agent, ctxs, explore=cfg.explore)
+    scheduled = (list(ctxs), list(episodes))
+    signal = informative_groups(cfg, ctxs, episodes)
+    wanted = len(mine)
+    first = next_g = cfg.groups + dist.rank * cfg.dynamic_sampling
+    while len(signal) < wanted and next_g < first + cfg.dynamic_sampling:
+        more = range(next_g, min(next_g + wanted - len(signal), first + cfg.dynamic_sampling))
+        next_g = more.stop
+        extra = contexts(more, distil_choice(cfg, random.Random(cfg.seed * 7_919 + step * 1_000_003 + more.start),
+                                             more))
+        extra_eps = await play(cfg, pool, agent, extra, explore=cfg.explore)
+        ctxs += extra
+        episodes += extra_eps
+        signal = informative_groups(cfg, ctxs, episodes)
+    stats = {"scheduled": scheduled, "extra_groups": next_g - first,
+             "signal_scheduled": len(informative_groups(cfg, *scheduled)) / max(1, wanted)}
+    if cfg.dynamic_sampling:  # DAPO's filter: a group whose outcomes are all alike has nothing to teach
+        keep = [i for i, c in enumerate(ctxs) if c.episode_index in signal]
+        ctxs, episodes = [ctxs[i] for i in keep], [episodes[i] for i in keep]
+    stats["signal_batch"] = len(signal & {c.episode_index for c in ctxs}) / max(1, len({c.episode_index for c in ctxs}))
+    return ctxs, episodes, stats
+
+
+def rollout_stats(episodes: list[Episode]) -> dict[str, float]:
+    """What the step's rollouts say about the policy: the mean entropy of its action distribution over
+    every scored turn (nats, from the probabilities it sampled with), the share of actions that repeat
+    the previous one (a policy stuck in a loop) and of invalid actions, and the mean episode length."""
+    entropies, repeats, moves, invalid = [], 0, 0, 0
+    for ep in episodes:
+        previous = None
+        for st in ep.steps:
+            probs = [c.get("prob", 0.0) for c in (st.turn or {}).get("candidates") or ()]
+            if probs:
+                entropies.append(-sum(p * math.log(p) for p in probs if p > 0))
+            repeats += st.action == previous
+            invalid += not st.valid_action
+            moves += 1
+            previous = st.action
+    out = {"rollout/mean_actions": sum(len(e.steps) for e in episodes) / max(1, len(episodes)),
+           "rollout/repeat_rate": repeats / max(1, moves), "rollout/invalid_rate": invalid / max(1, moves)}
+    if entropies:
+        out["rollout/policy_entropy"] = sum(entropies) / len(entropies)
+    return out
+
+
 def rollout_tokens(episodes: list[Episode]) -> int:
     """Tokens the actor processed in these episodes: each turn's prompt plus its candidates or reply."""
     total = 0
@@ -372,8 +474,12 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
         # the learner averages over `rows`; this factor turns that average into the asked weighting
         share = 1 / (len(chosen) * len(kept)) if weighting == "episode" else n / (len(kept) * total_turns)
         for turn in kept:
+            # PPO's old log-prob is the policy's own (so the ratio starts at 1); a turn sampled from another
+            # behaviour (--explore mixes in uniform) is corrected by the importance weight policy / behaviour
+            weight = math.exp(turn["action_logprob"] - turn.get("behaviour_logprob", turn["action_logprob"]))
             samples.append(TurnSample(
-                prompt_ids=turn["prompt_token_ids"], advantage=adv * share * rows, old_logprobs=[turn["action_logprob"]],
+                prompt_ids=turn["prompt_token_ids"], advantage=adv * share * rows * weight,
+                old_logprobs=[turn["action_logprob"]],
                 candidate_ids=turn["candidate_token_ids"], chosen=turn["chosen"], temperature=turn["temperature"],
                 norm=turn["score_norm"], policy_version=int(turn.get("policy_version", 0)),
             ))
@@ -388,7 +494,7 @@ def loss_weight(episodes: list[Episode], weighting: str) -> float:
 
 
 async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: int = 1,
-                 weight: float | None = None) -> dict[str, float]:
+                 weight: float | None = None, diagnose: bool = False) -> dict[str, float]:
     """``epochs`` learner updates on ``samples``; then the backend serves the new weights, stamped with the
     learner's version.
 
@@ -397,6 +503,7 @@ async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: in
     (vLLM) get the adapter exported to ``sync_dir`` and loaded under a new id. After the first epoch the
     samples are older than the learner by design: their recorded log-probs are PPO's old policy, so the
     ratio moves away from 1 and the clip engages; ``stale`` reports the first epoch's count.
+    ``diagnose`` adds :meth:`PolicyLearner.divergence` of the samples before the update (``kl_ref``...).
     """
     metrics: dict[str, float] = {}
     if not samples and learner.reduce_gradients is None:  # a rank of several joins the collective even so
@@ -404,11 +511,13 @@ async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: in
 
     def run(_model=None) -> None:
         before = learner.version
+        # how far the rollouts' policy (the weights before this update) has moved from the untrained one
+        divergence = learner.divergence(samples) if diagnose else {}
         first = last = learner.update(samples, weight)
         for _ in range(epochs - 1):
             last = learner.update(samples, weight)
         metrics.update(last, stale=first["stale"], stale_dropped=first["stale_dropped"], epochs=float(epochs),
-                       updated=float(learner.version - before))
+                       updated=float(learner.version - before), **divergence)
 
     if hasattr(llm, "update_weights"):
         await llm.update_weights(run)
@@ -699,7 +808,6 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
         rewrite_jsonl(out / "metrics.jsonl", lambda row: row.get("step", 0) <= start)
         rewrite_jsonl(out / "evals.jsonl", lambda row: row in evals)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-    half = cfg.group_size // 2
     tasks = cfg.task_ids
     scalars = Scalars(out) if main_rank else None
     ext_job = None  # the extractor update in flight: (task, the calls it trains on)
@@ -744,14 +852,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                         job, ext_job = ext_job, None
                         ext_row = await join_extractor(job, manager, step)
             # training seeds stay below --eval-seed, so no held-out seed is ever trained on
-            seeds = [(cfg.seed * 100_003 + step * cfg.groups + g) % cfg.eval_seed for g in range(cfg.groups)]
-            group_task = [tasks[(step * cfg.groups + g) % len(tasks)] for g in range(cfg.groups)]
-            distilled = distil_choice(cfg, random.Random(cfg.seed * 7_919 + step))
-            # each rank plays whole groups (round robin), so advantages need no communication
-            ctxs = [EpisodeContext(group_task[g], seeds[g], g, sample=k, with_experience=cfg.experience and k >= half,
-                                   distil=(g, k) in distilled)
-                    for g in dist.share(cfg.groups) for k in range(cfg.group_size)]
-            episodes = await play(cfg, pool, agent, ctxs, explore=cfg.explore)
+            ctxs, episodes, sampled = await rollout(cfg, pool, agent, step, dist)
             rollout_s = time.perf_counter() - t0
             if manager is not None and dist.world > 1:  # the other ranks' episodes reach rank 0's manager
                 outbox = [] if main_rank else agent.outbox
@@ -772,10 +873,15 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                                    random.Random(cfg.seed * 1_000_003 + step + 104_729 * dist.rank))
             t1 = time.perf_counter()
             metrics = await update(llm, learner, samples, home / "adapters" / "actor", cfg.ppo_epochs,
-                                   weight=loss_weight([e for _, e in kept], cfg.turn_weight))
-            # the step's numbers over every rank's episodes
-            local = {"rewards": [(c.env_id, c.with_experience, r) for (c, _), r in zip(kept, rewards, strict=True)],
-                     "episodes": len(episodes), "tokens": rollout_tokens(episodes), "samples": len(samples)}
+                                   weight=loss_weight([e for _, e in kept], cfg.turn_weight), diagnose=True)
+            # the step's numbers over every rank's episodes; success over the scheduled groups (as sampled,
+            # before dynamic sampling adds or drops any)
+            played, played_eps = sampled["scheduled"]
+            local = {"rewards": [(c.env_id, c.with_experience, float(e.success))
+                                 for c, e in zip(played, played_eps, strict=True) if e.error is None],
+                     "episodes": len(played_eps), "tokens": rollout_tokens(played_eps), "samples": len(samples),
+                     "stats": rollout_stats([e for e in played_eps if e.error is None]),
+                     "signal": (sampled["signal_scheduled"], sampled["signal_batch"], sampled["extra_groups"])}
             parts = dist.gather(local)
             every = [x for p in parts for x in p["rewards"]]
             n_episodes = sum(p["episodes"] for p in parts)
@@ -785,6 +891,11 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                    "samples": sum(p["samples"] for p in parts), "episodes": n_episodes,
                    "errored": n_episodes - len(every),
                    "train_success": sum(r for *_, r in every) / max(1, len(every)),
+                   # the share of groups whose advantages are not all zero: scheduled, and in the batch learned from
+                   "signal_groups": sum(p["signal"][0] for p in parts) / len(parts),
+                   "signal_groups_batch": sum(p["signal"][1] for p in parts) / len(parts),
+                   "extra_groups": sum(p["signal"][2] for p in parts),
+                   **{k: sum(p["stats"].get(k, 0.0) for p in parts) / len(parts) for k in parts[0]["stats"]},
                    **{f"actor/{k}": v for k, v in metrics.items()}}
             if dist.world > 1:
                 row["processes"] = dist.world

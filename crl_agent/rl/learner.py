@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from crl_agent.rl.logprobs import NORMS, action_logprob, batch_candidate_logprobs, batch_sequence_logprobs
+from crl_agent.rl.lora import is_lora
 from crl_agent.rl.losses import AGGREGATIONS, cispo_loss, clipped_pg_loss, ratio_stats
 from crl_agent.rl.samples import TurnSample
 
@@ -96,6 +97,11 @@ class PolicyLearner:
             backward passes, on every rank, even one without samples; it must replace the gradients by
             the weighted mean over ranks and return the flags summed over ranks, so that every rank
             clips, steps or skips alike.
+        kl_coef: score mode: adds ``kl_coef * KL(pi || pi_ref)`` per turn, the exact KL between the
+            softmaxes over the turn's candidates, ``pi_ref`` being the model with its LoRA adapter
+            disabled (the untrained policy). 0 (default, as the official code): no KL term.
+        entropy_coef: score mode: subtracts ``entropy_coef * H(pi)`` per turn (an entropy bonus). With
+            either term on, every turn gets a backward pass, even one whose advantage is 0.
     """
 
     def __init__(
@@ -117,6 +123,8 @@ class PolicyLearner:
         score_method: str = "packed",
         params: Iterable[torch.nn.Parameter] | None = None,
         reduce_gradients: Callable[[Sequence[torch.Tensor], float, Sequence[float]], list[float]] | None = None,
+        kl_coef: float = 0.0,
+        entropy_coef: float = 0.0,
     ):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
@@ -126,6 +134,10 @@ class PolicyLearner:
             raise ValueError(f"on_stale must be one of {STALE_POLICIES}, got {on_stale!r}")
         if token_budget < 1 or max_nonfinite < 1 or not lr > 0:
             raise ValueError("token_budget and max_nonfinite must be >= 1 and lr > 0")
+        if not (kl_coef >= 0 and entropy_coef >= 0):
+            raise ValueError(f"kl_coef and entropy_coef must be >= 0, got {kl_coef}, {entropy_coef}")
+        if kl_coef > 0 and not is_lora(model):
+            raise ValueError("kl_coef needs a LoRA model: the reference policy is the model with its adapter disabled")
         self.model = model
         self.params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
         if not self.params:
@@ -135,6 +147,7 @@ class PolicyLearner:
         self.aggregate, self.max_grad_norm, self.token_budget = aggregate, max_grad_norm, token_budget
         self.max_nonfinite, self.on_stale, self.score_method = max_nonfinite, on_stale, score_method
         self.reduce_gradients = reduce_gradients
+        self.kl_coef, self.entropy_coef = float(kl_coef), float(entropy_coef)
         self.version = 0
         self.nonfinite_in_a_row = 0
 
@@ -185,7 +198,8 @@ class PolicyLearner:
         # the loss's denominator: every kept sample's row, including those skipped for a zero advantage
         rows = sum(1 for s in kept if s.num_loss_tokens > 0)
         loss_tokens = sum(s.num_loss_tokens for s in kept)
-        active = [s for s in kept if s.advantage != 0.0 and s.num_loss_tokens > 0]
+        regularised = self.kl_coef > 0 or self.entropy_coef > 0  # a term that every scored turn carries
+        active = [s for s in kept if s.num_loss_tokens > 0 and (s.advantage != 0.0 or (regularised and s.mode == "score"))]
         metrics = {
             "samples": float(len(samples)),
             "samples_used": float(len(active)),
@@ -317,6 +331,7 @@ class PolicyLearner:
         scored = [s for s in batch if s.mode == "score"]
         generated = [s for s in batch if s.mode == "generate"]
         by_id: dict[int, torch.Tensor] = {}
+        extra: dict[int, torch.Tensor] = {}  # score mode: each turn's KL / entropy term (kl_coef, entropy_coef)
         for norm in NORMS:
             group = [s for s in scored if s.norm == norm]
             if not group:
@@ -324,11 +339,17 @@ class PolicyLearner:
             scores = batch_candidate_logprobs(
                 self.model, [s.prompt_ids for s in group], [s.candidate_ids for s in group], norm, self.score_method
             )
-            for s, sc in zip(group, scores, strict=True):
+            refs = self._reference_scores(group, norm) if self.kl_coef > 0 else [None] * len(group)
+            for s, sc, ref in zip(group, scores, refs, strict=True):
                 by_id[id(s)] = action_logprob(sc, s.chosen, s.temperature).reshape(1)
-                with torch.no_grad():
-                    p = torch.softmax(sc.float() / s.temperature, -1)
-                    entropies.append(float(-(p * torch.log(p.clamp_min(1e-30))).sum()))
+                logp_all = torch.log_softmax(sc.float() / s.temperature, -1)
+                entropy = -(logp_all.exp() * logp_all).sum()
+                entropies.append(float(entropy.detach()))
+                if ref is not None or self.entropy_coef > 0:
+                    term = -self.entropy_coef * entropy
+                    if ref is not None:
+                        term = term + self.kl_coef * _kl(logp_all, torch.log_softmax(ref.float() / s.temperature, -1))
+                    extra[id(s)] = term
         if generated:
             lp, _ = batch_sequence_logprobs(self.model, [s.prompt_ids for s in generated], [s.response_ids for s in generated])
             for i, s in enumerate(generated):
@@ -352,7 +373,54 @@ class PolicyLearner:
         else:
             loss = cispo_loss(logp, old, adv, mask, eps_low=self.eps_low, eps_high=self.eps_high, aggregate=self.aggregate)
             low, high = self.eps_low, self.eps_high
+        if extra:  # a score-mode row has one loss token, so its term joins the row mean either way
+            loss = loss + torch.stack([extra.get(id(s), logp.new_zeros(())) for s in batch]).sum() / len(batch)
         return loss, ratio_stats(logp, old, mask, low, high), entropies
+
+    @torch.no_grad()
+    def _reference_scores(self, samples: list[TurnSample], norm: str) -> list[torch.Tensor]:
+        """The candidates' scores under the reference policy: the model with its LoRA adapter disabled."""
+        with self.model.disable_adapter():
+            return [x.detach() for x in batch_candidate_logprobs(
+                self.model, [s.prompt_ids for s in samples], [s.candidate_ids for s in samples], norm, self.score_method)]
+
+    @torch.no_grad()
+    def divergence(self, samples: Sequence[TurnSample]) -> dict[str, float]:
+        """How far the policy has moved from the reference (the model with its LoRA adapter disabled),
+        over these score-mode turns: mean exact ``kl_ref`` = KL(pi || pi_ref) and ``tv_ref`` (total
+        variation) between the softmaxes over each turn's candidates, and the mean entropies
+        ``entropy`` and ``entropy_ref``. Empty for a model without LoRA or without score-mode turns.
+
+        A diagnostic (no gradient, no optimiser step); it reads the weights as they are now."""
+        scored = [s for s in samples if s.mode == "score"]
+        if not scored or not is_lora(self.model):
+            return {}
+        was_training = self.model.training
+        self.model.eval()
+        sums = {"kl_ref": 0.0, "tv_ref": 0.0, "entropy": 0.0, "entropy_ref": 0.0}
+        try:
+            for batch in self._micro_batches(scored, self.token_budget):
+                for norm in NORMS:
+                    group = [s for s in batch if s.norm == norm]
+                    if not group:
+                        continue
+                    cur = batch_candidate_logprobs(self.model, [s.prompt_ids for s in group],
+                                                   [s.candidate_ids for s in group], norm, self.score_method)
+                    ref = self._reference_scores(group, norm)
+                    for s, a, b in zip(group, cur, ref, strict=True):
+                        lp, lq = torch.log_softmax(a.float() / s.temperature, -1), torch.log_softmax(b.float() / s.temperature, -1)
+                        sums["kl_ref"] += float(_kl(lp, lq))
+                        sums["tv_ref"] += float(0.5 * (lp.exp() - lq.exp()).abs().sum())
+                        sums["entropy"] += float(-(lp.exp() * lp).sum())
+                        sums["entropy_ref"] += float(-(lq.exp() * lq).sum())
+        finally:
+            self.model.train(was_training)
+        return {k: v / len(scored) for k, v in sums.items()}
+
+
+def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) of two distributions given as log-probs over the same support."""
+    return (logp.exp() * (logp - logq)).sum()
 
 
 def _mean_stats(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:

@@ -1,0 +1,205 @@
+"""Robust learning: per-step diagnostics, DAPO-style dynamic sampling, the KL / entropy terms, and the
+importance correction of explored turns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import gymnasium as gym
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
+from crl_agent.rl import PolicyLearner, TurnSample, add_lora  # noqa: E402
+from crl_agent.train import TrainConfig, train  # noqa: E402
+from crl_envs.core import InvalidAction, StepOutcome, TextEnv  # noqa: E402
+
+RARE = "test/RareDoor-v0"
+
+
+class RareDoorEnv(TextEnv):
+    """One step among twelve doors, one of which (``d0``) leads out: a random policy wins 1 time in 12,
+    so a group of 4 rollouts fails whole about 70% of the time."""
+
+    family = "Doors"
+    DOORS = tuple(f"d{i}" for i in range(12))
+
+    def __init__(self, render_mode: str | None = None):
+        super().__init__(render_mode=render_mode)
+        self.order: list[str] = []
+
+    def _reset_task(self, options):
+        self.order = [self.DOORS[i] for i in self.np_random.permutation(len(self.DOORS))]
+        return f"Which door leads out? Actions: {', '.join(self.order)}", {"task": "Leave the room."}
+
+    def _apply(self, action):
+        if action not in self.DOORS:
+            raise InvalidAction(f"choose one of {', '.join(self.order)}")
+        won = action == "d0"
+        return StepOutcome("Outside." if won else "A wall.", reward=float(won), terminated=True, success=won,
+                           progress=float(won))
+
+    def _admissible_actions(self):
+        return list(self.order)
+
+
+if RARE not in gym.registry:
+    gym.register(RARE, entry_point="tests.test_train_robust:RareDoorEnv", max_episode_steps=1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _rows(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _run(tiny, out, **kw):
+    cfg = TrainConfig(tasks=RARE, mode="grpo", model=tiny, dtype="float32", groups=1, group_size=4, lr=1e-3,
+                      lora_rank=4, score_norm="mean", eval_every=0, eval_episodes=2, concurrency=8, seed=0, **kw)
+    asyncio.run(train(cfg, out, quiet=True))
+    return _rows(out / "metrics.jsonl")
+
+
+def test_dynamic_sampling_restores_signal_when_the_scheduled_groups_all_fail(tiny, tmp_path):
+    plain = _run(tiny, tmp_path / "plain", steps=4)
+    dapo = _run(tiny, tmp_path / "dapo", steps=4, dynamic_sampling=8)
+    # the same scheduled groups (same seeds) in both runs until the first update that differs
+    assert plain[0]["train_success"] == dapo[0]["train_success"]
+    failed = [r for r in plain if r["signal_groups"] == 0]
+    assert failed, "the rare-door env should fail a whole group of 4 at least once in 4 steps"
+    for r in failed:  # without dynamic sampling: no signal, no gradient, no update
+        assert r["actor/updated"] == 0 and r["actor/samples_used"] == 0 and r["extra_groups"] == 0
+    rescued = [r for r in dapo if r["signal_groups"] == 0]
+    assert rescued
+    for r in rescued:  # with it: fresh groups played until one has mixed outcomes, and the step learns from it
+        assert 1 <= r["extra_groups"] <= 8
+        assert r["signal_groups_batch"] == 1.0 and r["actor/updated"] == 1 and r["actor/samples_used"] > 0
+    for r in dapo:  # the update only ever sees groups with signal; a step with signal of its own plays nothing more
+        assert r["signal_groups_batch"] == 1.0 or r["extra_groups"] == 8
+        if r["signal_groups"] == 1:
+            assert r["extra_groups"] == 0
+    # the diagnostics the issue asks for, every step
+    for r in plain + dapo:
+        assert 0 < r["rollout/policy_entropy"] <= math.log(12) + 1e-6
+        assert {"rollout/repeat_rate", "rollout/invalid_rate", "actor/clip_fraction"} <= set(r)
+    assert plain[0]["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the untrained model
+    assert any(r["actor/kl_ref"] > 1e-6 for r in plain[1:] if plain[0]["actor/updated"])
+
+
+def test_dynamic_sampling_seeds_stay_below_the_held_out_range_and_do_not_repeat_the_scheduled_ones():
+    from crl_agent.train import group_seed
+
+    cfg = TrainConfig(groups=2, dynamic_sampling=4, eval_seed=1000)
+    for step in range(50):
+        seeds = [group_seed(cfg, step, g) for g in range(2 + 4)]
+        assert all(0 <= s < 1000 for s in seeds)
+        assert len(set(seeds)) == 6
+    assert [group_seed(cfg, 3, g) for g in range(2)] == [6, 7]  # the scheduled seeds are as before
+
+
+def _sample(advantage=0.0, chosen=0):
+    return TurnSample(prompt_ids=[5, 6, 7, 8], advantage=advantage, old_logprobs=[math.log(1 / 3)],
+                      candidate_ids=[[9], [10], [11]], chosen=chosen, temperature=1.0, norm="sum")
+
+
+def _learner(tiny, **kw):
+    import transformers
+
+    model = add_lora(transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), r=4)
+    return PolicyLearner(model, lr=5e-2, max_grad_norm=None, **kw)
+
+
+def _move_away(learner, steps=5):
+    """Push the policy away from the untrained one (and toward candidate 0)."""
+    for _ in range(steps):
+        s = _sample(advantage=1.0)
+        s.old_logprobs = [_logprob(learner, s)]
+        learner.update([s])
+
+
+def _logprob(learner, s):
+    from crl_agent.rl import action_logprob, batch_candidate_logprobs
+
+    with torch.no_grad():
+        sc = batch_candidate_logprobs(learner.model, [s.prompt_ids], [s.candidate_ids], s.norm)[0]
+        return float(action_logprob(sc, s.chosen, s.temperature))
+
+
+def test_divergence_is_zero_for_a_fresh_adapter_and_the_kl_term_pulls_the_policy_back(tiny):
+    learner = _learner(tiny, kl_coef=1.0)
+    fresh = learner.divergence([_sample()])
+    assert fresh["kl_ref"] == pytest.approx(0.0, abs=1e-7) and fresh["tv_ref"] == pytest.approx(0.0, abs=1e-6)
+    assert fresh["entropy"] == pytest.approx(fresh["entropy_ref"])
+    plain = _learner(tiny)
+    _move_away(plain)
+    moved = plain.divergence([_sample()])["kl_ref"]
+    assert moved > 1e-3
+    # with the KL term, a turn whose advantage is 0 still gets a gradient: toward the reference
+    learner.model.load_state_dict(plain.model.state_dict())
+    before = learner.divergence([_sample()])["kl_ref"]
+    assert before == pytest.approx(moved)
+    for _ in range(5):
+        metrics = learner.update([_sample(advantage=0.0)])
+        assert metrics["updated"] == 1 and metrics["samples_used"] == 1
+    assert learner.divergence([_sample()])["kl_ref"] < 0.5 * before
+    # without it, such a turn is skipped
+    assert plain.update([_sample(advantage=0.0)])["updated"] == 0
+
+
+def test_the_entropy_bonus_raises_the_entropy_of_a_peaked_policy(tiny):
+    learner = _learner(tiny, entropy_coef=1.0)
+    _move_away(learner)
+    before = learner.divergence([_sample()])["entropy"]
+    for _ in range(5):
+        learner.update([_sample(advantage=0.0)])
+    assert learner.divergence([_sample()])["entropy"] > before
+
+
+def test_kl_needs_a_lora_model_and_coefficients_are_checked(tiny):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    with pytest.raises(ValueError, match="LoRA"):
+        PolicyLearner(model, lr=1e-3, kl_coef=0.1)
+    with pytest.raises(ValueError, match=">= 0"):
+        PolicyLearner(model, lr=1e-3, entropy_coef=-1)
+    with pytest.raises(ValueError, match="--kl-coef"):
+        TrainConfig(kl_coef=0.1, lora_rank=0).check()
+    with pytest.raises(ValueError, match="--dynamic-sampling"):
+        TrainConfig(dynamic_sampling=-1).check()
+
+
+def test_explored_turns_are_corrected_by_policy_over_behaviour_and_the_first_ratio_is_one(tiny):
+    from crl_agent.rollout import Episode, Step
+    from crl_agent.train import turn_samples
+
+    learner = _learner(tiny)
+    s = _sample()
+    policy_lp = _logprob(learner, s)
+    behaviour_lp = math.log(0.5 * math.exp(policy_lp) + 0.5 / 3)  # 0.5 * policy + 0.5 * uniform over 3
+    turn = {"method": "score", "prompt_token_ids": s.prompt_ids, "candidate_token_ids": s.candidate_ids, "chosen": 0,
+            "temperature": 1.0, "score_norm": "sum", "action_logprob": policy_lp, "behaviour_logprob": behaviour_lp}
+    ep = Episode("x", 0, steps=[Step(0, "obs", ["a", "b", "c"], "a", 0.0, True, False, False, False, 0.0, turn=turn)])
+    [sample] = turn_samples([ep], [1.0])
+    assert sample.old_logprobs == [pytest.approx(policy_lp)]  # PPO's ratio starts from the policy's own
+    assert sample.advantage == pytest.approx(math.exp(policy_lp - behaviour_lp))  # the importance weight
+    metrics = learner.update([sample])
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and metrics["clip_fraction"] == 0.0
+    # a turn without exploration (behaviour = policy) keeps its advantage
+    turn["behaviour_logprob"] = turn["action_logprob"]
+    assert turn_samples([ep], [1.0])[0].advantage == pytest.approx(1.0)
