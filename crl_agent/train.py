@@ -170,6 +170,10 @@ class TrainConfig:
             raise ValueError(f"--turn-weight must be one of {TURN_WEIGHTINGS}")
         if self.ppo_epochs < 1:
             raise ValueError("--ppo-epochs must be >= 1")
+        if not self.temperature > 0:  # `not >` also refuses NaN
+            raise ValueError(f"--temperature must be > 0, got {self.temperature}: PPO needs the log-prob of each "
+                             "sampled action, which a greedy (0) policy does not have; use e.g. 0.1 for a nearly "
+                             "greedy one")
         if self.dynamic_sampling < 0 or not (self.kl_coef >= 0 and self.entropy_coef >= 0):
             raise ValueError("--dynamic-sampling, --kl-coef and --entropy-coef must be >= 0")
         if self.kl_coef > 0 and self.lora_rank < 1:
