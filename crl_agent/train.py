@@ -74,6 +74,11 @@ TRAINER_AGENT_ARGS = frozenset({"llm", "model", "backend", "extractor", "extract
                                 "action_mode", "seed", "history", "run_dir", "embedder", "explore", "learning"})
 
 
+class ConfigError(ValueError):
+    """An option or setup the run cannot start with (found by :func:`train` before training starts);
+    ``main`` prints it as a usage error. Any other error raised while training keeps its traceback."""
+
+
 @dataclass
 class TrainConfig:
     """Every option of a training run (``--resume`` refuses a run whose recorded config differs)."""
@@ -263,14 +268,14 @@ def build(cfg: TrainConfig, out: Path, dist=None):
             agent = CRLAgent(llm=llm, extractor=extractor if main_rank else llm, run_dir=str(out),
                              embedder=cfg.embedder, manager_config=manager_config, **opts, **extra)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"--agent-arg: {e}") from e
+            raise ConfigError(f"--agent-arg: {e}") from e
         if not main_rank:
             agent.outbox = []
     else:
         try:
             agent = LLMAgent(llm=llm, **opts, **cfg.agent_args)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"--agent-arg: {e}") from e
+            raise ConfigError(f"--agent-arg: {e}") from e
     return llm, trained, learner, agent, extractor, extractor_learner
 
 
@@ -741,10 +746,10 @@ def check_world(cfg: TrainConfig, dist) -> None:
     if dist.world == 1:
         return
     if cfg.groups < dist.world or cfg.eval_episodes < dist.world:
-        raise ValueError(f"--groups and --eval-episodes must be at least the number of processes ({dist.world}): "
+        raise ConfigError(f"--groups and --eval-episodes must be at least the number of processes ({dist.world}): "
                          "each rank plays whole groups and its share of the held-out seeds")
     if cfg.experience and cfg.agent_args.get("max_tool_calls", 2) != 0:
-        raise ValueError(f"{cfg.mode} mode under torchrun needs --agent-arg max_tool_calls=0: a search-and-ask is answered "
+        raise ConfigError(f"{cfg.mode} mode under torchrun needs --agent-arg max_tool_calls=0: a search-and-ask is answered "
                          "by the extractor, which only rank 0 holds")
 
 
@@ -788,8 +793,11 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                              "use the same options or another --out")
     dist.barrier()  # every rank has read the checkpoint's config before rank 0 may write anything
     torch.manual_seed(cfg.seed)
-    llm, trained, learner, agent, extractor, ext_learner = build(dataclasses.replace(cfg, device=dist.device), home,
-                                                                 dist)
+    try:
+        llm, trained, learner, agent, extractor, ext_learner = build(dataclasses.replace(cfg, device=dist.device),
+                                                                     home, dist)
+    except LLMError as e:  # a model that cannot load here (no chat template, a bad adapter, no GPU...)
+        raise ConfigError(str(e)) from e
     start, evals, trained_before = 0, [], 0.0  # trained_before: training seconds of earlier sessions of this run
     if resume and ckpt_path.exists():
         # every rank restores the same weights and optimiser state from rank 0's checkpoint
@@ -1014,8 +1022,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                              if f.name != "agent_args"}, agent_args=parse_agent_args(args.agent_arg))
         cfg.check()
+    except ValueError as e:  # the options themselves (TaskSetError included)
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    try:
         evals = asyncio.run(train(cfg, args.out, resume=args.resume, quiet=args.quiet))
-    except (ValueError, LLMError) as e:
+    except ConfigError as e:  # only what train finds before training starts: a ValueError from inside
+        # training is a bug, and keeps its traceback
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     except KeyboardInterrupt:
         print(f"\n{parser.prog}: interrupted; rerun with --resume to continue from the last checkpoint",

@@ -8,7 +8,11 @@ import math
 
 import pytest
 
-from crl_agent.train import TrainConfig
+from crl_agent.train import TrainConfig, main
+from tests import test_train
+
+# the trainer tests' bandit env, tiny chat model and one torch thread
+DOORS, tiny, one_thread = test_train.DOORS, test_train.tiny, test_train.one_thread
 
 
 @pytest.mark.parametrize("temperature", [0.0, -1.0, math.nan])
@@ -16,3 +20,45 @@ def test_a_temperature_that_is_not_positive_is_refused_before_the_run_starts(tem
     with pytest.raises(ValueError, match="--temperature must be > 0"):
         TrainConfig(temperature=temperature).check()
     TrainConfig(temperature=0.1).check()
+
+
+# ------------------------------------------------------------------ usage errors: the configuration only
+def test_a_value_error_deep_inside_training_keeps_its_traceback_and_is_no_usage_error(tiny, tmp_path, monkeypatch):
+    import crl_agent.train as tr
+
+    async def rollout(*args, **kwargs):
+        raise ValueError("a bug deep inside training")
+
+    monkeypatch.setattr(tr, "rollout", rollout)
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--model", tiny, "--dtype", "float32", "--steps", "1",
+            "--groups", "1", "--group-size", "2", "--eval-episodes", "1", "--eval-every", "0", "--lora-rank", "4"]
+    with pytest.raises(ValueError, match="a bug deep inside training"):
+        main(args)
+
+
+class _TwoRanks:
+    """What ``train`` sees of a two-process torchrun launch (it fails the launch check before anything else)."""
+
+    world, rank, main = 2, 0, True
+
+    def __init__(self, device="cpu"):
+        self.device = device
+
+    def close(self):
+        pass
+
+
+def test_configuration_errors_found_by_train_before_training_are_usage_errors(tmp_path, monkeypatch, capsys):
+    import crl_agent.rl
+
+    base = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--steps", "1"]
+    # the options themselves (an unknown task is a TaskSetError), before train runs
+    with pytest.raises(SystemExit) as e:
+        main([*base[:3], "--tasks", "crl/No-Such-Task-v0"])
+    assert e.value.code == 2 and "crl/No-Such-Task-v0" in capsys.readouterr().err
+    # what train checks before training starts: the launch (check_world)
+    monkeypatch.setattr(crl_agent.rl, "Distributed", _TwoRanks)
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--groups", "1"])
+    assert e.value.code == 2 and "at least the number of processes (2)" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoint.pt").exists()
