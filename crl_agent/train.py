@@ -754,12 +754,16 @@ def check_world(cfg: TrainConfig, dist) -> None:
 
 
 async def sync_bank(agent, out: Path, dist) -> None:
-    """Rank 0 flushes its bank to disk; every other rank searches a fresh copy of it from now on."""
+    """Rank 0 waits for its pending distillations and saves its bank (a single process too, so that a
+    held-out evaluation with experience sees every entry of the steps before it); every other rank
+    searches a fresh copy of it from now on."""
     manager = getattr(agent, "manager", None)
-    if dist.world == 1 or manager is None:
+    if manager is None:
         return
     if dist.main:
         await manager.flush()
+    if dist.world == 1:
+        return
     dist.barrier()
     if not dist.main:
         await agent.load_bank_snapshot(out / "experience_bank")
@@ -962,6 +966,8 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             if main_rank:
                 models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
                 learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
+                if manager is not None:  # the step's distillations are in the bank before its checkpoint
+                    await manager.flush()
                 save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
                                 learners=learners, extra={"evals": evals, "train_time_s": trained_s()})
                 export(cfg, out, llm, trained, extractor, ext_learner, final=last)

@@ -62,3 +62,40 @@ def test_configuration_errors_found_by_train_before_training_are_usage_errors(tm
         main([*base, "--groups", "1"])
     assert e.value.code == 2 and "at least the number of processes (2)" in capsys.readouterr().err
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+# ------------------------------------------------------------------ the bank is flushed before evaluations and checkpoints
+def test_held_out_evaluations_and_checkpoints_wait_for_the_steps_distillations(tiny, tmp_path, monkeypatch):
+    import asyncio
+
+    import crl_agent.rl
+    import crl_agent.train as tr
+    from crl_agent.experience import ExperienceManager
+
+    real_distil, real_evaluate, real_save = ExperienceManager.distil, tr.evaluate, crl_agent.rl.save_checkpoint
+    managers, pending_at_eval, pending_at_checkpoint, distilled = [], [], [], []
+
+    async def distil(self, traj):  # a slow extractor: the step ends long before its distillations do
+        await asyncio.sleep(0.5)
+        distilled.append(traj.id)
+        return await real_distil(self, traj)
+
+    async def evaluate(cfg, pool, agent, step, dist=None):
+        managers.append(agent.manager)
+        pending_at_eval.append(agent.manager.pending)
+        return await real_evaluate(cfg, pool, agent, step, dist)
+
+    def save_checkpoint(*args, **kwargs):
+        pending_at_checkpoint.append(managers[-1].pending)
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(ExperienceManager, "distil", distil)
+    monkeypatch.setattr(tr, "evaluate", evaluate)
+    monkeypatch.setattr(crl_agent.rl, "save_checkpoint", save_checkpoint)
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "static", "--model", tiny, "--dtype",
+            "float32", "--steps", "2", "--groups", "1", "--group-size", "2", "--eval-episodes", "1", "--eval-every", "1",
+            "--embedder", "hash", "--lora-rank", "4", "--distil-workers", "1", "--distil-max-tokens", "8",
+            "--agent-arg", "max_tool_calls=0"]
+    assert main(args) == 0
+    assert len(distilled) == 4  # 2 steps x 2 training episodes (held-out ones are never distilled)
+    assert pending_at_eval == [0, 0, 0] and pending_at_checkpoint == [0, 0]
