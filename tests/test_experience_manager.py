@@ -243,6 +243,45 @@ def test_meta_reward_is_the_mean_outcome_of_guided_episodes_and_weights_count(ba
     assert from_file[corners.origin].token_ids and from_file[corners.origin].messages[0]["role"] == "system"
 
 
+class VersionedLLM(ScriptedLLM):
+    """A scripted extractor that stamps its completions with its policy version, as real backends do."""
+
+    async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
+        completion = await super().chat(messages, params)
+        completion.policy_version = self.policy_version
+        return completion
+
+
+def test_answers_and_calls_without_live_entries_cool_down_and_decay_and_keep_their_policy_version(bank):
+    llm = VersionedLLM([ops(add("Corners", "If a box is in a corner, then restart.")),
+                        ops(add("Keys", "If the door is locked, then fetch the key.")), "Avoid the corners."])
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0))
+        llm.set_policy_version(2)
+        for i in range(2):
+            m.submit(traj(i))
+        await m.flush()
+        corners, keys = sorted(bank.entries(), key=lambda e: e.title)
+        llm.set_policy_version(3)
+        ans = await m.ask("what about corners?", task=TASK)
+        m.record_outcome("ep1", [corners], True, call_ids=[ans.call_id])
+        m.record_outcome("ep2", [keys], False)
+        bank.delete([keys.id])  # merged away: the call that wrote it has no live entry left
+        samples = {s.call_id: s for s in m.training_samples(step=5)}
+        assert [samples[c].policy_version for c in (corners.origin, keys.origin, ans.call_id)] == [2, 2, 3]
+        assert all(s.weight == 1.0 for s in samples.values())  # none trained yet
+        m.mark_trained([samples[keys.origin], samples[ans.call_id]], step=5)
+        after = {s.call_id: s.weight for s in m.training_samples(step=6, cooldown=1)}
+        # within the cooldown by their own training (they have no live entry to carry it), the untrained one not
+        assert (after[keys.origin], after[ans.call_id], after[corners.origin]) == (0.0, 0.0, 1.0)
+        later = {s.call_id: s.weight for s in m.training_samples(step=7, cooldown=1)}
+        assert later[keys.origin] == later[ans.call_id] == pytest.approx(2 ** -0.5)  # (1 + times trained) ** -0.5
+        await m.aclose()
+
+    run(main())
+
+
 def test_ask_answers_through_the_extractor_and_falls_back_without_entries(bank):
     llm = ScriptedLLM(["<think>corners are bad</think>Avoid pushing boxes into corners."])
 

@@ -99,3 +99,39 @@ def test_held_out_evaluations_and_checkpoints_wait_for_the_steps_distillations(t
     assert main(args) == 0
     assert len(distilled) == 4  # 2 steps x 2 training episodes (held-out ones are never distilled)
     assert pending_at_eval == [0, 0, 0] and pending_at_checkpoint == [0, 0]
+
+
+# ------------------------------------------------------------------ the extractor's samples
+def test_the_extractor_batch_leaves_out_calls_in_cooldown_and_carries_the_version_that_sampled_them(tmp_path):
+    import asyncio
+
+    from crl_agent.experience import ExperienceBank, ExperienceManager, ManagerConfig
+    from crl_agent.train import extractor_samples
+    from tests.test_experience_manager import TASK, VersionedLLM, add, ops, traj
+
+    llm = VersionedLLM([ops(add("Corners", "If a box is in a corner, then restart.")), "Avoid the corners."])
+    bank = ExperienceBank(tmp_path / "bank", embedder="hash")
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0))
+        llm.set_policy_version(1)
+        m.submit(traj(0))
+        await m.flush()
+        (corners,) = bank.entries()
+        llm.set_policy_version(2)
+        ans = await m.ask("what about corners?", task=TASK)
+        m.record_outcome("ep1", [corners], True, call_ids=[ans.call_id])
+        m.record_outcome("ep2", [corners], False)
+        samples, used = extractor_samples(m, 4, cooldown=1, batch=2)
+        assert [u.call_id for u in used] == [corners.origin, ans.call_id]
+        assert [s.policy_version for s in samples] == [1, 2]  # the learner sees them as stale once it moved on
+        m.mark_trained(used, step=4)
+        assert extractor_samples(m, 5, cooldown=1, batch=1) == ([], [])  # both cool down, the answer too
+        samples, used = extractor_samples(m, 6, cooldown=1, batch=2)
+        assert [s.advantage for s in samples] == pytest.approx([(0.0 - 0.5) * 2 ** -0.5, (1.0 - 0.5) * 2 ** -0.5])
+        await m.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        bank.close()

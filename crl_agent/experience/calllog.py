@@ -4,16 +4,20 @@ Three record types, one JSON object per line, appended (a crash loses at most a 
 which :func:`load_samples` skips):
 
 - ``{"type": "call", "call_id", "kind": "distil"|"merge"|"answer", "messages", "text", "token_ids",
-  "logprobs", "prompt_token_ids", "ops", "errors", "entries", "task", "trajectory", "time"}``:
-  one extractor call, what it wrote and which entries it touched.
+  "logprobs", "prompt_token_ids", "policy_version", "ops", "errors", "entries", "task", "trajectory",
+  "time"}``: one extractor call (``policy_version``: the extractor's weights that sampled it), what it
+  wrote and which entries it touched.
 - ``{"type": "outcome", "episode", "outcome": +1|-1, "call_ids", "entries"}``: an episode guided by
   entries written by those calls (or by an answer call) ended.
 - ``{"type": "trained", "call_ids", "step"}``: a trainer used those samples at ``step``.
 
 Meta-reward of a call = mean outcome (±1) of the episodes it guided; entries retrieved repeatedly
-share their samples. Count-aware weight of a call = mean over the entries it wrote that are still
-in the bank of ``w = 0`` if the entry was trained within ``cooldown`` steps, else
-``(1 + train_count) ** -0.5``; calls with no live entries (answers, merged-away writes) weigh 1.
+share their samples. Count-aware weight of a call (DESIGN section 7) = mean over the entries it wrote
+that are still in the bank of ``w = 0`` if the entry was trained within ``cooldown`` steps, else
+``(1 + train_count) ** -0.5``. A call with no live entry (a search-and-ask answer, a write merged away or
+deleted, a call that wrote nothing) takes the same rule with its own counts, from the ``trained``
+records: ``0`` within ``cooldown`` steps of its last training, else ``(1 + times trained) ** -0.5``, so
+it is neither retrained every step nor at full weight for ever on its ageing log-probs.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ class ExtractorSample:
         episodes: how many guided episodes the reward averages.
         weight: count-aware weight.
         entries: ids of the entries the call wrote (or, for answers, read).
+        policy_version: the extractor's policy version (its learner's updates) when it made the call.
     """
 
     call_id: str
@@ -130,6 +135,7 @@ class ExtractorSample:
     episodes: int
     weight: float
     entries: list[int] = field(default_factory=list)
+    policy_version: int = 0
 
 
 def entry_weight(entry: ExperienceEntry, step: int, cooldown: int = 1) -> float:
@@ -143,23 +149,31 @@ def entry_weight(entry: ExperienceEntry, step: int, cooldown: int = 1) -> float:
 def fold_samples(
     records: list[dict[str, Any]], bank: ExperienceBank | None = None, step: int = 0, cooldown: int = 1
 ) -> list[ExtractorSample]:
-    """Turn call-log records into samples with meta-rewards and weights."""
+    """Turn call-log records into samples with meta-rewards and count-aware weights (see the module
+    docstring; ``bank=None``: every call weighs by its own training counts)."""
     outcomes: dict[str, list[float]] = {}
+    trained: dict[str, tuple[int, int]] = {}  # call id -> (times trained, the last step)
     for rec in records:
         if rec["type"] == "outcome":
             for cid in set(rec.get("call_ids", ())):
                 outcomes.setdefault(cid, []).append(float(rec["outcome"]))
+        elif rec["type"] == "trained":
+            for cid in set(rec.get("call_ids", ())):
+                count, last = trained.get(cid, (0, -1))
+                trained[cid] = (count + 1, max(last, int(rec["step"])))
     samples = []
     for rec in records:
         if rec["type"] != "call":
             continue
         got = outcomes.get(rec["call_id"], [])
         entries = [int(i) for i in rec.get("entries", [])]
-        weight = 1.0
+        live = []
         if bank is not None and rec["kind"] != "answer":
             live = [e for e in bank.get_many(entries) if e.origin == rec["call_id"]]
-            if live:
-                weight = sum(entry_weight(e, step, cooldown) for e in live) / len(live)
+        if live:
+            weight = sum(entry_weight(e, step, cooldown) for e in live) / len(live)
+        else:
+            weight = count_aware_weight(*trained.get(rec["call_id"], (0, None)), step, cooldown)
         samples.append(
             ExtractorSample(
                 call_id=rec["call_id"],
@@ -172,6 +186,7 @@ def fold_samples(
                 episodes=len(got),
                 weight=weight,
                 entries=entries,
+                policy_version=int(rec.get("policy_version", 0)),
             )
         )
     return samples

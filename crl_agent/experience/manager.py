@@ -463,7 +463,7 @@ class ExperienceManager:
                 "type": "call", "call_id": call_id, "kind": kind, "time": time.time(), "task": task,
                 "messages": messages, "text": completion.text, "token_ids": completion.token_ids,
                 "logprobs": completion.logprobs, "prompt_token_ids": completion.prompt_token_ids,
-                "model": completion.model, "ops": ops, "errors": errors, "entries": entries, **extra,
+                "policy_version": completion.policy_version, "model": completion.model, "ops": ops, "errors": errors, "entries": entries, **extra,
             }
         )
         return call_id
