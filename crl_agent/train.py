@@ -772,6 +772,13 @@ async def sync_bank(agent, out: Path, dist) -> None:
     dist.barrier()  # rank 0 writes nothing until every copy is made
 
 
+def call_log_offset(agent) -> int | None:
+    """Where the experience call log ends now (``None`` without one): each checkpoint records it, and
+    ``--resume`` cuts the log back to it (:meth:`ExperienceManager.rewind_log`)."""
+    manager = getattr(agent, "manager", None)
+    return None if manager is None else manager.log_offset()
+
+
 async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -> list[dict[str, Any]]:
     import torch
     from tqdm import tqdm
@@ -819,6 +826,11 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             llm.load_adapter(str(export_weights(trained, home / "adapters" / "actor")), version=learner.version)
         if ext_learner is not None:
             extractor.set_policy_version(ext_learner.version)
+        offset = ck.extra.get("call_log_offset")
+        if main_rank and offset is not None and getattr(agent, "manager", None) is not None:
+            # the experience side goes back to the checkpoint too: the killed step's calls, outcomes and training
+            # counts are cut, so the step redone now credits each of its episodes once
+            agent.manager.rewind_log(offset)
     if not dist.same_weights(learner.params):
         raise RuntimeError("the ranks do not hold the same actor weights (a checkpoint written under another setup?)")
     if main_rank:
@@ -971,7 +983,8 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                 if manager is not None:  # the step's distillations are in the bank before its checkpoint
                     await manager.flush()
                 save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
-                                learners=learners, extra={"evals": evals, "train_time_s": trained_s()})
+                                learners=learners, extra={"evals": evals, "train_time_s": trained_s(),
+                                                          "call_log_offset": call_log_offset(agent)})
                 export(cfg, out, llm, trained, extractor, ext_learner, final=last)
             if last:
                 break

@@ -282,6 +282,56 @@ def test_answers_and_calls_without_live_entries_cool_down_and_decay_and_keep_the
     run(main())
 
 
+def test_an_episode_credited_twice_counts_once_in_the_meta_reward(bank):
+    llm = ScriptedLLM([ops(add("Corners", "If a box is in a corner, then restart."))])
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0))
+        m.submit(traj(0))
+        await m.flush()
+        (corners,) = bank.entries()
+        m.record_outcome("crl/T-v0#7#0", [corners], True)
+        m.record_outcome("crl/T-v0#7#1", [corners], False)
+        m.record_outcome("crl/T-v0#7#1", [corners], True)  # that episode again (a step redone): its last outcome
+        (sample,) = m.training_samples(step=1)
+        assert sample.episodes == 2 and sample.reward == 1.0
+        await m.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize("on_disk", [True, False])
+def test_rewinding_to_a_checkpoints_offset_cuts_the_log_and_takes_back_its_training_counts(bank, tmp_path, on_disk):
+    llm = ScriptedLLM([ops(add("Corners", "If a box is in a corner, then restart.")),
+                       ops(add("Keys", "If the door is locked, then fetch the key."))])
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0), log_path=tmp_path / "calls.jsonl" if on_disk else None)
+        m.submit(traj(0))
+        await m.flush()
+        (corners,) = bank.entries()
+        m.record_outcome("ep1", [corners], True)
+        m.mark_trained(m.training_samples(step=1), step=1)
+        offset, kept = m.log_offset(), m.calls.records()
+        # the step after the checkpoint, killed before its own: a call, an outcome and a training of both calls
+        m.submit(traj(1))
+        await m.flush()
+        m.record_outcome("ep2", bank.entries(), False)
+        m.mark_trained(m.training_samples(step=3), step=3)
+        assert bank.get(corners.id).train_count == 2
+        assert m.rewind_log(offset) == 3
+        assert m.calls.records() == kept
+        assert (bank.get(corners.id).train_count, bank.get(corners.id).last_trained_step) == (1, 1)
+        keys = next(e for e in bank.entries() if e.title == "Keys")  # written by the cut call: untrained again
+        assert (keys.train_count, keys.last_trained_step) == (0, None)
+        m.record_outcome("ep2", [corners], True)  # the redone step's records follow the kept ones
+        assert [r["type"] for r in m.calls.records()] == ["call", "outcome", "trained", "outcome"]
+        assert m.rewind_log(10**9) == 0  # an offset past the end (a log that lost its tail) cuts nothing
+        await m.aclose()
+
+    run(main())
+
+
 def test_ask_answers_through_the_extractor_and_falls_back_without_entries(bank):
     llm = ScriptedLLM(["<think>corners are bad</think>Avoid pushing boxes into corners."])
 

@@ -135,3 +135,30 @@ def test_the_extractor_batch_leaves_out_calls_in_cooldown_and_carries_the_versio
         asyncio.run(main())
     finally:
         bank.close()
+
+
+# ------------------------------------------------------------------ resume: the experience side goes back to the checkpoint
+def test_resume_cuts_the_call_log_back_to_the_checkpoint_so_a_redone_step_counts_once(tiny, tmp_path):
+    import json
+
+    from crl_agent.rl import load_checkpoint
+
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "static", "--model", tiny, "--dtype",
+            "float32", "--groups", "1", "--group-size", "2", "--eval-episodes", "1", "--eval-every", "0",
+            "--embedder", "hash", "--lora-rank", "4", "--distil-workers", "1", "--distil-max-tokens", "8",
+            "--agent-arg", "max_tool_calls=0"]
+    assert main([*args, "--steps", "1"]) == 0
+    log = tmp_path / "extractor_calls.jsonl"
+    saved = log.read_bytes()
+    assert load_checkpoint(tmp_path / "checkpoint.pt").extra["call_log_offset"] == len(saved) > 0
+    # a step 2 killed before its checkpoint: its call, the outcome it credited, a torn last line
+    killed = [{"type": "call", "call_id": "killed-0", "kind": "distil", "messages": [], "entries": []},
+              {"type": "outcome", "episode": f"{DOORS}#1#1", "outcome": 1.0, "call_ids": ["killed-0"]}]
+    with log.open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in killed) + '{"type": "outc')
+    assert main([*args, "--steps", "2", "--resume"]) == 0
+    after = log.read_bytes()
+    assert after.startswith(saved) and b"killed-0" not in after
+    records = [json.loads(x) for x in after.decode().splitlines()]  # no torn line left either
+    assert any(r["type"] == "call" for r in records[len(saved.splitlines()):])  # step 2 redone, logged once
+    assert load_checkpoint(tmp_path / "checkpoint.pt").extra["call_log_offset"] == len(after)

@@ -392,6 +392,15 @@ class ExperienceBank:
                 [(int(step), int(i)) for i in ids],
             )
 
+    def set_training(self, stats: dict[int, tuple[int, int | None]]) -> None:
+        """Usage stats: set each id's ``(train_count, last_trained_step)`` (a trainer going back to a
+        checkpoint; ``None``: never trained)."""
+        with self._lock, self._tx():
+            self._db.executemany(
+                "UPDATE entries SET train_count=?, last_trained_step=? WHERE id=?",
+                [(int(n), None if last is None else int(last), int(i)) for i, (n, last) in stats.items()],
+            )
+
     # ---------------------------------------------------------------- reads
     def __len__(self) -> int:
         return len(self._tasks)

@@ -9,9 +9,14 @@ which :func:`load_samples` skips):
   wrote and which entries it touched.
 - ``{"type": "outcome", "episode", "outcome": +1|-1, "call_ids", "entries"}``: an episode guided by
   entries written by those calls (or by an answer call) ended.
-- ``{"type": "trained", "call_ids", "step"}``: a trainer used those samples at ``step``.
+- ``{"type": "trained", "call_ids", "step", "entries"}``: a trainer used those samples at ``step``
+  (``entries``: the bank entries whose ``train_count`` it bumped).
 
-Meta-reward of a call = mean outcome (±1) of the episodes it guided; entries retrieved repeatedly
+A trainer's checkpoint records the log's :meth:`CallLog.offset`; ``--resume`` cuts the log back to it
+(:meth:`CallLog.truncate`), so a step redone after a kill starts from the log its checkpoint saw.
+
+Meta-reward of a call = mean outcome (±1) of the distinct episodes it guided (an episode key credited
+twice, e.g. by a step redone after a kill, counts once: its last outcome); entries retrieved repeatedly
 share their samples. Count-aware weight of a call (DESIGN section 7) = mean over the entries it wrote
 that are still in the bank of ``w = 0`` if the entry was trained within ``cooldown`` steps, else
 ``(1 + train_count) ** -0.5``. A call with no live entry (a search-and-ask answer, a write merged away or
@@ -23,6 +28,7 @@ it is neither retrained every step nor at full weight for ever on its ageing log
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -31,6 +37,8 @@ from typing import Any
 
 from crl_agent.experience.bank import ExperienceBank, ExperienceEntry
 from crl_agent.rl.credit import count_aware_weight, meta_reward
+
+log = logging.getLogger(__name__)
 
 
 class CallLog:
@@ -96,18 +104,56 @@ class CallLog:
                 self._file.flush()
         return read_records(self.path)
 
+    def offset(self) -> int:
+        """Where the log ends now: its size in bytes (its number of records when kept in memory)."""
+        with self._lock:
+            if self.path is None:
+                return len(self.memory)
+            if self._file is not None:
+                self._file.flush()
+            return os.path.getsize(self.path)
+
+    def truncate(self, offset: int) -> list[dict[str, Any]]:
+        """Cut the log back to ``offset`` (an earlier :meth:`offset`); returns the records cut off.
+
+        A log that no longer reaches ``offset``, or whose ``offset`` is not the end of a record (the
+        file was replaced or lost its tail), is left as it is, with a warning.
+        """
+        with self._lock:
+            if self.path is None:
+                dropped, self.memory[offset:] = self.memory[offset:], []
+                return dropped
+            if self._file is not None:
+                self._file.flush()
+            with open(self.path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                before = b"\n"
+                if 0 < offset <= size:
+                    f.seek(offset - 1)
+                    before = f.read(1)
+                tail = f.read() if offset <= size else b""
+            if offset > size or before != b"\n":
+                log.warning("%s does not end a record at byte %d (%d bytes): left uncut", self.path, offset, size)
+                return []
+            os.truncate(self.path, offset)  # the append-mode handle writes at the new end
+        return _parse(tail.decode("utf-8", errors="replace").splitlines())
+
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Records of a call log; torn or foreign lines are skipped."""
-    out = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and "type" in rec:
-                out.append(rec)
+        return _parse(f)
+
+
+def _parse(lines) -> list[dict[str, Any]]:
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "type" in rec:
+            out.append(rec)
     return out
 
 
@@ -151,12 +197,13 @@ def fold_samples(
 ) -> list[ExtractorSample]:
     """Turn call-log records into samples with meta-rewards and count-aware weights (see the module
     docstring; ``bank=None``: every call weighs by its own training counts)."""
-    outcomes: dict[str, list[float]] = {}
+    outcomes: dict[str, dict[str, float]] = {}  # call id -> episode key -> its outcome (the last credited)
     trained: dict[str, tuple[int, int]] = {}  # call id -> (times trained, the last step)
-    for rec in records:
+    for n, rec in enumerate(records):
         if rec["type"] == "outcome":
+            episode = str(rec.get("episode") or f"#record{n}")
             for cid in set(rec.get("call_ids", ())):
-                outcomes.setdefault(cid, []).append(float(rec["outcome"]))
+                outcomes.setdefault(cid, {})[episode] = float(rec["outcome"])
         elif rec["type"] == "trained":
             for cid in set(rec.get("call_ids", ())):
                 count, last = trained.get(cid, (0, -1))
@@ -165,7 +212,7 @@ def fold_samples(
     for rec in records:
         if rec["type"] != "call":
             continue
-        got = outcomes.get(rec["call_id"], [])
+        got = list(outcomes.get(rec["call_id"], {}).values())
         entries = [int(i) for i in rec.get("entries", [])]
         live = []
         if bank is not None and rec["kind"] != "answer":

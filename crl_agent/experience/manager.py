@@ -496,7 +496,33 @@ class ExperienceManager:
         """Record that ``samples`` were trained on at ``step`` (entry ``train_count``/``last_trained_step``)."""
         ids = sorted({i for s in samples if s.kind != "answer" for i in s.entries if i in self.bank})
         self.bank.record_training(ids, step)
-        self.calls.write({"type": "trained", "call_ids": [s.call_id for s in samples], "step": step})
+        self.calls.write({"type": "trained", "call_ids": [s.call_id for s in samples], "step": step, "entries": ids})
+
+    def log_offset(self) -> int:
+        """Where the call log ends now (a trainer's checkpoint records it for :meth:`rewind_log`)."""
+        return self.calls.offset()
+
+    def rewind_log(self, offset: int) -> int:
+        """Go back to a checkpoint's :meth:`log_offset`: cut the call log back to it and take back the
+        ``train_count`` (and ``last_trained_step``) that the cut ``trained`` records gave entries, so a step
+        redone after a kill neither sees its first attempt's calls and outcomes nor counts its training
+        twice. Entries that attempt wrote stay in the bank (nothing credits their cut calls). Returns the
+        number of records cut."""
+        dropped = self.calls.truncate(offset)
+        undo: dict[int, int] = {}
+        for rec in dropped:
+            if rec["type"] == "trained":
+                for i in rec.get("entries", ()):
+                    undo[int(i)] = undo.get(int(i), 0) + 1
+        if undo:
+            last: dict[int, int] = {}  # each entry's last training step in the log that is kept
+            for rec in self.calls.records():
+                if rec["type"] == "trained":
+                    for i in rec.get("entries", ()):
+                        last[int(i)] = max(last.get(int(i), -1), int(rec["step"]))
+            self.bank.set_training({e.id: (max(0, e.train_count - undo[e.id]), last.get(e.id))
+                                    for e in self.bank.get_many(sorted(undo))})
+        return len(dropped)
 
     def config_dict(self) -> dict[str, Any]:
         c = self.config
