@@ -559,7 +559,8 @@ async def join_extractor(job, manager, step: int) -> dict[str, float]:
 def extractor_samples(manager, step: int, cooldown: int, batch: int):
     """The extractor's CISPO batch: the latest ``batch`` calls with a meta-reward and a count-aware weight
     above 0 (a call trained within ``cooldown`` steps is left out: see :mod:`crl_agent.experience.calllog`),
-    advantage = (reward - mean) * weight, each stamped with the extractor version that sampled it."""
+    advantage = (reward - mean) * weight, each stamped with the extractor version that sampled it and the
+    temperature of its recorded log-probs (the distillations' 0.7), at which the learner recomputes them."""
     from crl_agent.rl import TurnSample
 
     ready = [s for s in manager.training_samples(step, cooldown) if s.reward is not None and s.weight > 0
@@ -569,7 +570,8 @@ def extractor_samples(manager, step: int, cooldown: int, batch: int):
     ready = ready[-batch:]
     mean = sum(s.reward for s in ready) / len(ready)
     samples = [TurnSample(prompt_ids=s.prompt_token_ids, response_ids=s.token_ids, old_logprobs=s.logprobs,
-                          advantage=(s.reward - mean) * s.weight, policy_version=s.policy_version) for s in ready]
+                          advantage=(s.reward - mean) * s.weight, policy_version=s.policy_version,
+                          temperature=s.temperature) for s in ready]
     return samples, ready
 
 

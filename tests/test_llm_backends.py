@@ -57,6 +57,20 @@ def test_logprobs_match_a_forward_pass_over_prompt_and_completion(llm):
     assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 0.0])
+def test_sampling_logprobs_are_those_of_the_distribution_each_token_was_drawn_from(llm, temperature):
+    c = run(llm.chat(CHAT, SamplingParams(max_tokens=16, temperature=temperature, seed=7)))
+    ids = torch.tensor([c.prompt_token_ids + c.token_ids])
+    with torch.no_grad():
+        logits = llm.model(input_ids=ids).logits[0].float()
+    start, rows = len(c.prompt_token_ids), torch.arange(len(c.token_ids))
+    logits = logits[start - 1 : start - 1 + len(c.token_ids)]
+    tempered = torch.log_softmax(logits / (temperature or 1.0), dim=-1)[rows, torch.tensor(c.token_ids)]
+    assert len(c.sampling_logprobs) == len(c.token_ids)
+    assert torch.allclose(torch.tensor(c.sampling_logprobs), tempered, atol=1e-4)  # greedy: the unmodified ones
+    assert (c.sampling_logprobs == pytest.approx(c.logprobs)) == (temperature in (0.0, 1.0))
+
+
 def test_same_seed_same_completion_different_seed_differs(llm):
     p = SamplingParams(max_tokens=24, temperature=1.0)
     a = run(llm.chat(CHAT, SamplingParams(**{**p.__dict__, "seed": 11})))

@@ -55,6 +55,22 @@ def test_sequence_logprobs_match_a_full_forward_in_a_padded_batch(model_dir):
     torch.testing.assert_close(single, logp[0, :5], atol=1e-5, rtol=0)
 
 
+def test_sequence_logprobs_at_each_responses_own_temperature(model_dir):
+    model = load(model_dir)
+    gen = torch.Generator().manual_seed(3)
+    prompts, responses, temps = [ids(gen, 6), ids(gen, 4)], [ids(gen, 5), ids(gen, 7)], [0.5, 2.0]
+    logp, _ = batch_sequence_logprobs(model, prompts, responses, temps)
+    for i, (p, r, t) in enumerate(zip(prompts, responses, temps, strict=True)):
+        logits = model(input_ids=torch.tensor([p + r])).logits[0].float() / t
+        expected = torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) - 1 + len(r)), torch.tensor(r)]
+        torch.testing.assert_close(logp[i, : len(r)], expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(sequence_logprobs(model, prompts[0], responses[0], 0.5), logp[0, :5], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="temperatures must be > 0"):
+        batch_sequence_logprobs(model, prompts, responses, [1.0, 0.0])
+    with pytest.raises(ValueError, match="one per response"):
+        batch_sequence_logprobs(model, prompts, responses, [1.0])
+
+
 def test_sequence_logprobs_gradients_match_a_full_forward(model_dir):
     model = load(model_dir)
     gen = torch.Generator().manual_seed(2)

@@ -162,3 +162,83 @@ def test_resume_cuts_the_call_log_back_to_the_checkpoint_so_a_redone_step_counts
     records = [json.loads(x) for x in after.decode().splitlines()]  # no torn line left either
     assert any(r["type"] == "call" for r in records[len(saved.splitlines()):])  # step 2 redone, logged once
     assert load_checkpoint(tmp_path / "checkpoint.pt").extra["call_log_offset"] == len(after)
+
+
+# ------------------------------------------------------------------ the extractor's old log-probs: the distribution sampled
+def _distilled(tiny, tmp_path, monkeypatch):
+    """A real distillation by the tiny transformers extractor at the trainer's settings (temperature 0.7),
+    credited once, as the extractor's CISPO batch sees it: (the extractor, its one TurnSample)."""
+    import asyncio
+
+    from crl_agent.experience import ExperienceBank, ExperienceManager, ManagerConfig
+    from crl_agent.experience import extractor as ex
+    from crl_agent.llm import make_llm
+    from crl_agent.llm.base import SamplingParams
+    from crl_agent.train import extractor_samples, manager_settings
+    from tests.test_experience_manager import add, ops, traj
+
+    real_parse = ex.parse_distil
+    # whatever the tiny model wrote is read as one valid entry, so that an episode can credit it
+    monkeypatch.setattr(ex, "parse_distil", lambda text, ids: real_parse(ops(add("Doors", "If shut, try it.")), ids))
+    params = SamplingParams(**manager_settings(TrainConfig(mode="crl", distil_max_tokens=12))["distil_params"])
+    assert params.temperature == 0.7
+    llm = make_llm("transformers", tiny, dtype="float32", seed=0)
+    bank = ExperienceBank(tmp_path / "bank", embedder="hash")
+
+    async def main():
+        m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0, distil_params=params))
+        await m.distil(traj(0))
+        m.record_outcome("ep", bank.entries(), True)
+        samples, _ = extractor_samples(m, 1, cooldown=1, batch=1)
+        await m.aclose()
+        return samples
+
+    try:
+        (sample,) = asyncio.run(main())
+    finally:
+        bank.close()
+    return llm, sample
+
+
+def test_a_distillation_sampled_at_0_7_records_the_log_probs_the_learner_recomputes_at_0_7(tiny, tmp_path,
+                                                                                           monkeypatch):
+    import asyncio
+
+    import torch
+
+    from crl_agent.rl import batch_sequence_logprobs
+
+    llm, sample = _distilled(tiny, tmp_path, monkeypatch)
+    try:
+        assert sample.mode == "generate" and sample.temperature == 0.7 and len(sample.response_ids) == 12
+        old = torch.tensor(sample.old_logprobs)
+        with torch.no_grad():
+            (at_its_own,), _ = batch_sequence_logprobs(llm.model, [sample.prompt_ids], [sample.response_ids],
+                                                       [sample.temperature])
+            (unmodified,), _ = batch_sequence_logprobs(llm.model, [sample.prompt_ids], [sample.response_ids])
+        # CISPO's first-epoch ratio pi(token) / pi_old(token) is 1 at every token
+        torch.testing.assert_close((at_its_own - old).exp(), torch.ones_like(old), atol=1e-3, rtol=0)
+        # the unmodified model's log-probs (what was recorded before) are another distribution: a biased ratio
+        assert (unmodified - old).abs().max() > 1e-2
+    finally:
+        asyncio.run(llm.aclose())
+
+
+@pytest.mark.xfail(strict=True, reason="PolicyLearner's generate branch does not recompute log-probs at "
+                   "TurnSample.temperature yet; remove this marker when it does")
+def test_the_extractor_learners_first_epoch_ratio_on_a_distillation_sampled_at_0_7_is_1(tiny, tmp_path, monkeypatch):
+    import asyncio
+    import dataclasses
+
+    from crl_agent.rl import PolicyLearner, add_lora
+
+    llm, sample = _distilled(tiny, tmp_path, monkeypatch)
+    try:
+        learner = PolicyLearner(add_lora(llm.model, r=4), loss="cispo", lr=1e-4)  # as build() makes it
+        # (a batch of one call has advantage 0: give it one, so that the learner runs its forward)
+        metrics = learner.update([dataclasses.replace(sample, advantage=1.0)])
+        assert metrics["updated"] == 1 and metrics["clip_fraction"] == 0.0
+        assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    finally:
+        asyncio.run(llm.aclose())

@@ -4,9 +4,10 @@ Three record types, one JSON object per line, appended (a crash loses at most a 
 which :func:`load_samples` skips):
 
 - ``{"type": "call", "call_id", "kind": "distil"|"merge"|"answer", "messages", "text", "token_ids",
-  "logprobs", "prompt_token_ids", "policy_version", "ops", "errors", "entries", "task", "trajectory",
-  "time"}``: one extractor call (``policy_version``: the extractor's weights that sampled it), what it
-  wrote and which entries it touched.
+  "logprobs", "sampling_logprobs", "temperature", "prompt_token_ids", "policy_version", "ops", "errors",
+  "entries", "task", "trajectory", "time"}``: one extractor call (``sampling_logprobs``: of the
+  distribution it was sampled from, at ``temperature``; ``policy_version``: the extractor's weights that
+  sampled it), what it wrote and which entries it touched.
 - ``{"type": "outcome", "episode", "outcome": +1|-1, "call_ids", "entries"}``: an episode guided by
   entries written by those calls (or by an answer call) ended.
 - ``{"type": "trained", "call_ids", "step", "entries"}``: a trainer used those samples at ``step``
@@ -163,12 +164,15 @@ class ExtractorSample:
 
     Attributes:
         call_id, kind: which call.
-        messages, prompt_token_ids, token_ids, logprobs: the sampled completion.
+        messages, prompt_token_ids, token_ids, logprobs: the sampled completion; ``logprobs`` are those of
+            the distribution it was drawn from, ``softmax(logits / temperature)`` (CISPO's old policy).
         reward: meta-reward, mean ±1 outcome of guided episodes (``None``: none guided yet).
         episodes: how many guided episodes the reward averages.
         weight: count-aware weight.
         entries: ids of the entries the call wrote (or, for answers, read).
         policy_version: the extractor's policy version (its learner's updates) when it made the call.
+        temperature: the temperature of ``logprobs``: the sampling temperature where the backend reported
+            the sampled distribution's log-probs, else 1 (the unmodified model's, as older logs hold).
     """
 
     call_id: str
@@ -182,6 +186,7 @@ class ExtractorSample:
     weight: float
     entries: list[int] = field(default_factory=list)
     policy_version: int = 0
+    temperature: float = 1.0
 
 
 def entry_weight(entry: ExperienceEntry, step: int, cooldown: int = 1) -> float:
@@ -221,6 +226,9 @@ def fold_samples(
             weight = sum(entry_weight(e, step, cooldown) for e in live) / len(live)
         else:
             weight = count_aware_weight(*trained.get(rec["call_id"], (0, None)), step, cooldown)
+        logprobs, temperature = rec.get("logprobs", []), 1.0
+        if rec.get("sampling_logprobs") and float(rec.get("temperature") or 0) > 0:
+            logprobs, temperature = rec["sampling_logprobs"], float(rec["temperature"])
         samples.append(
             ExtractorSample(
                 call_id=rec["call_id"],
@@ -228,12 +236,13 @@ def fold_samples(
                 messages=rec["messages"],
                 prompt_token_ids=rec.get("prompt_token_ids"),
                 token_ids=rec.get("token_ids", []),
-                logprobs=rec.get("logprobs", []),
+                logprobs=logprobs,
                 reward=meta_reward(got),
                 episodes=len(got),
                 weight=weight,
                 entries=entries,
                 policy_version=int(rec.get("policy_version", 0)),
+                temperature=temperature,
             )
         )
     return samples

@@ -274,7 +274,8 @@ class ExperienceManager:
             try:
                 completion = await self.extractor.chat(messages, self.config.answer_params)
                 answer = ex.parse_answer(completion.text)
-                call_id = self._log_call("answer", messages, completion, [], [], [e.id for e in entries], task)
+                call_id = self._log_call("answer", messages, completion, [], [], [e.id for e in entries], task,
+                                         params=self.config.answer_params)
             except Exception as e:  # noqa: BLE001 - an extractor failure must not end the episode
                 self.stats["extractor_errors"] += 1
                 log.warning("search-and-ask extractor call failed: %s", e)
@@ -345,7 +346,7 @@ class ExperienceManager:
         errors += apply_errors
         self.stats["malformed"] += len(errors)
         self._log_call("distil", messages, completion, [op.to_dict() for op in applied], errors, touched,
-                       traj.task, call_id=call_id, trajectory=traj.id)
+                       traj.task, call_id=call_id, params=self.config.distil_params, trajectory=traj.id)
         return applied
 
     def _apply_distil(
@@ -441,7 +442,7 @@ class ExperienceManager:
         self.stats["merge_clusters"] += 1
         self.stats["malformed"] += len(errors)
         self._log_call("merge", messages, completion, [decision.to_dict()], errors, touched, task,
-                       call_id=call_id, cluster=ids)
+                       call_id=call_id, params=self.config.merge_params, cluster=ids)
         return decision.kind
 
     # ---------------------------------------------------------------- call log and meta-reward
@@ -455,14 +456,18 @@ class ExperienceManager:
         entries: list[int],
         task: str | None,
         call_id: str | None = None,
+        params: SamplingParams | None = None,
         **extra: Any,
     ) -> str:
         call_id = call_id or self._new_call_id()
+        # the log-probs of the distribution the reply was drawn from, and its temperature (CISPO's old policy)
+        temperature = params.temperature if params is not None and params.temperature > 0 else 1.0
         self.calls.write(
             {
                 "type": "call", "call_id": call_id, "kind": kind, "time": time.time(), "task": task,
                 "messages": messages, "text": completion.text, "token_ids": completion.token_ids,
                 "logprobs": completion.logprobs, "prompt_token_ids": completion.prompt_token_ids,
+                "sampling_logprobs": completion.sampling_logprobs, "temperature": temperature,
                 "policy_version": completion.policy_version, "model": completion.model, "ops": ops, "errors": errors, "entries": entries, **extra,
             }
         )

@@ -74,6 +74,11 @@ class Completion:
         model: which model produced it.
         reported_completion_tokens: the server's count of generated tokens, for backends that
             return no token ids (``completion_tokens`` falls back to it).
+        policy_version: the backend's :attr:`LLM.policy_version` when it was sampled.
+        sampling_logprobs: log-prob of each generated token under the distribution it was drawn from,
+            ``softmax(logits / temperature)`` (top-p truncation not included; greedy decoding: the
+            unmodified one): the old log-probs an importance ratio needs. Equal to ``logprobs`` at
+            temperature 1; empty where a backend does not report them.
     """
 
     text: str
@@ -85,6 +90,7 @@ class Completion:
     model: str = ""
     reported_completion_tokens: int | None = None
     policy_version: int = 0
+    sampling_logprobs: list[float] = field(default_factory=list)
 
     @property
     def completion_tokens(self) -> int:

@@ -325,6 +325,7 @@ class ForwardEngine:
         active = list(range(n))  # request index of each row still in the batch
         gen_ids: list[list[int]] = [[] for _ in reqs]
         lps: list[list[float]] = [[] for _ in reqs]
+        sampled: list[list[float]] = [[] for _ in reqs]  # under the tempered distribution the token came from
         finish = ["length"] * n
         stop_at: list[int | None] = [None] * n
         while active:
@@ -337,6 +338,9 @@ class ForwardEngine:
                 tok = self._sample(logits[row], r.params, gens[i])
                 gen_ids[i].append(tok)
                 lps[i].append(float(logprobs[row, tok]))
+                temperature = r.params.temperature
+                sampled[i].append(lps[i][-1] if temperature <= 0 or temperature == 1 else
+                                  float(torch.log_softmax(logits[row] / temperature, dim=-1)[tok]))
                 done = False
                 if tok in self.eos_ids:
                     finish[i], done = "stop", True
@@ -372,6 +376,6 @@ class ForwardEngine:
             results.append(Completion(
                 text=text, token_ids=gen_ids[i], logprobs=lps[i], prompt_token_ids=list(r.prompt_ids),
                 prompt_tokens=len(r.prompt_ids), finish_reason=finish[i], model=self.model_name,
-                policy_version=version,
+                policy_version=version, sampling_logprobs=sampled[i],
             ))
         return results

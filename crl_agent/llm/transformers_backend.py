@@ -25,7 +25,9 @@ dtype: on CPU, ``dtype=None`` times a bf16 and an fp32 matmul at load
 as fast (AMX/AVX512-BF16 CPUs); on GPU the default is bf16.
 
 Log-probs are those of the *unmodified* model distribution (temperature 1, no top-p) at each
-sampled token, i.e. what a trainer's forward pass over the same tokens computes. Token ids
+sampled token, i.e. what a trainer's forward pass over the same tokens computes;
+``sampling_logprobs`` are those of the distribution each token was drawn from, ``softmax(logits /
+temperature)`` (what :func:`crl_agent.rl.batch_sequence_logprobs` recomputes at that temperature). Token ids
 include every generated token, also the end-of-turn token and the tokens that spell a stop
 string; ``text`` excludes both.
 

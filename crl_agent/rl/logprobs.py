@@ -3,7 +3,9 @@
 What a trainer recomputes, with gradient, for the samples it replays:
 
 - :func:`sequence_logprobs` / :func:`batch_sequence_logprobs`: the per-token log-probs of a
-  generated response after its prompt (generate mode).
+  generated response after its prompt (generate mode), under ``softmax(logits / temperature)``: the
+  distribution it was sampled from, so that an importance ratio against the sampler's recorded
+  log-probs (:attr:`crl_agent.llm.base.Completion.sampling_logprobs`) starts at 1.
 - :func:`candidate_logprobs` / :func:`batch_candidate_logprobs`: the summed (or mean) log-prob of
   each candidate action's tokens after one prompt (score mode). The prompt is encoded once for all
   of a decision's candidates: ``method="packed"`` lays the prompt and every candidate out as one
@@ -103,18 +105,26 @@ def _verify(model: torch.nn.Module, parts: _Head) -> None:
         )
 
 
-def _chunk_logprobs(parts: _Head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _chunk_logprobs(
+    parts: _Head, hidden: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
     logits = _logits(parts, hidden)
+    if temperature is not None:
+        logits = logits / temperature.unsqueeze(-1)
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def token_logprobs(model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
     """Log-prob of ``targets[i]`` given the decoder's last hidden state ``hidden[i]``, in chunks.
 
     Args:
         model: the causal LM the hidden states came from.
         hidden: ``[N, H]`` last-layer hidden states (after the final norm).
         targets: ``[N]`` token ids.
+        temperature: ``[N]`` (> 0): row ``i``'s logits are divided by ``temperature[i]`` before the
+            softmax (``None``: the unmodified distribution, temperature 1).
 
     Returns:
         ``[N]`` float32 log-probs, differentiable with respect to ``hidden`` and the output layer.
@@ -125,10 +135,11 @@ def token_logprobs(model: torch.nn.Module, hidden: torch.Tensor, targets: torch.
     out = []
     for start in range(0, hidden.shape[0], rows):
         h, t = hidden[start : start + rows], targets[start : start + rows]
+        temp = None if temperature is None else temperature[start : start + rows]
         if grad:
-            out.append(checkpoint(_chunk_logprobs, parts, h, t, use_reentrant=False))
+            out.append(checkpoint(_chunk_logprobs, parts, h, t, temp, use_reentrant=False))
         else:
-            out.append(_chunk_logprobs(parts, h, t))
+            out.append(_chunk_logprobs(parts, h, t, temp))
     if not out:
         return hidden.new_zeros(0, dtype=torch.float32)
     return torch.cat(out)
@@ -149,8 +160,9 @@ def _device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
     return w.device, w.dtype
 
 
-def _decode_and_score(model, parts, input_ids, attention, positions, picks, device) -> torch.Tensor:
-    """One decoder pass, then the log-prob of each ``(row, col) -> target`` pick (output layer only there)."""
+def _decode_and_score(model, parts, input_ids, attention, positions, picks, device, temperatures=None) -> torch.Tensor:
+    """One decoder pass, then the log-prob of each ``(row, col) -> target`` pick (output layer only there),
+    at ``temperatures[i]`` for pick ``i`` (``None``: 1)."""
     rows, cols, targets = picks
     hidden = parts.decoder(
         input_ids=input_ids.to(device),
@@ -159,11 +171,15 @@ def _decode_and_score(model, parts, input_ids, attention, positions, picks, devi
         use_cache=False,
     ).last_hidden_state
     picked = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
-    return token_logprobs(model, picked, torch.tensor(targets, device=device))
+    temp = None if temperatures is None else torch.tensor(temperatures, dtype=torch.float32, device=device)
+    return token_logprobs(model, picked, torch.tensor(targets, device=device), temp)
 
 
 def batch_sequence_logprobs(
-    model: torch.nn.Module, prompts: Sequence[TokenIds], responses: Sequence[TokenIds]
+    model: torch.nn.Module,
+    prompts: Sequence[TokenIds],
+    responses: Sequence[TokenIds],
+    temperatures: Sequence[float] | float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs of each response after its prompt, in one right-padded forward.
 
@@ -171,6 +187,8 @@ def batch_sequence_logprobs(
         model: a Hugging Face causal LM (optionally ``peft``-wrapped).
         prompts: ``B`` prompt token-id lists (each non-empty).
         responses: ``B`` response token-id lists (an empty response gives an all-masked row).
+        temperatures: the temperature each response was sampled at (one for all, or ``B``; each > 0):
+            its log-probs are those of ``softmax(logits / temperature)``.
 
     Returns:
         ``(logp, mask)``: ``[B, R]`` float32 log-probs (0 on padding) and the ``[B, R]`` bool mask of
@@ -178,6 +196,10 @@ def batch_sequence_logprobs(
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    temps = [float(temperatures)] * len(prompts) if isinstance(temperatures, numbers.Real) else \
+        [float(t) for t in temperatures]
+    if len(temps) != len(prompts) or not all(t > 0 for t in temps):
+        raise ValueError(f"temperatures must be > 0, one for all or one per response, got {temperatures!r}")
     parts = _parts(model)
     device, _ = _device_dtype(model)
     ps = [_ids(p, "a prompt", parts.vocab, allow_empty=False) for p in prompts]
@@ -191,7 +213,7 @@ def batch_sequence_logprobs(
     length = max(len(p) + len(r) for p, r in zip(ps, rs, strict=True))
     input_ids = torch.zeros(batch, length, dtype=torch.long)
     attention = torch.zeros(batch, length, dtype=torch.long)
-    rows, cols, targets = [], [], []
+    rows, cols, targets, pick_temps = [], [], [], []
     for b, (p, r) in enumerate(zip(ps, rs, strict=True)):
         seq = p + r
         input_ids[b, : len(seq)] = torch.tensor(seq)
@@ -200,15 +222,20 @@ def batch_sequence_logprobs(
             rows.append(b)
             cols.append(len(p) - 1 + j)  # the position whose next token is response[j]
             targets.append(r[j])
+            pick_temps.append(temps[b])
         mask[b, : len(r)] = True
     positions = torch.arange(length).unsqueeze(0).expand(batch, -1)
-    values = _decode_and_score(model, parts, input_ids, attention, positions, (rows, cols, targets), device)
+    scaled = None if all(t == 1.0 for t in temps) else pick_temps
+    values = _decode_and_score(model, parts, input_ids, attention, positions, (rows, cols, targets), device, scaled)
     return logp.masked_scatter(mask, values), mask
 
 
-def sequence_logprobs(model: torch.nn.Module, prompt_ids: TokenIds, response_ids: TokenIds) -> torch.Tensor:
-    """Per-token log-probs ``[len(response_ids)]`` of one response after its prompt (with gradient)."""
-    logp, _ = batch_sequence_logprobs(model, [prompt_ids], [response_ids])
+def sequence_logprobs(
+    model: torch.nn.Module, prompt_ids: TokenIds, response_ids: TokenIds, temperature: float = 1.0
+) -> torch.Tensor:
+    """Per-token log-probs ``[len(response_ids)]`` of one response after its prompt (with gradient), under
+    ``softmax(logits / temperature)``."""
+    logp, _ = batch_sequence_logprobs(model, [prompt_ids], [response_ids], temperature)
     return logp[0, : len(response_ids)]
 
 

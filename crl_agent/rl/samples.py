@@ -3,8 +3,9 @@
 A :class:`TurnSample` keeps the turn's exact prompt token ids (never re-tokenised: DESIGN sections 7
 and 9, after the re-tokenisation bugs peers hit) and either a *score-mode* decision (the candidate
 actions' token ids, the index chosen and the temperature of ``softmax(scores / temperature)``) or a
-*generate-mode* response (its token ids), with the log-probs recorded at sampling time, the
-advantage of its episode and the version of the policy that sampled it. The loss covers only what
+*generate-mode* response (its token ids, sampled from ``softmax(logits / temperature)``), with the
+log-probs recorded at sampling time (of that same tempered distribution, so the importance ratio
+starts at 1), the advantage of its episode and the version of the policy that sampled it. The loss covers only what
 the policy produced: the response tokens, or the one choice among the candidates.
 """
 
@@ -25,13 +26,15 @@ class TurnSample:
     Attributes:
         prompt_ids: the exact prompt token ids the policy saw (chat template applied; non-empty).
         advantage: the episode's advantage (e.g. from :func:`crl_agent.rl.split_group_advantages`).
-        old_logprobs: log-probs under the sampling policy: one per response token in generate mode;
+        old_logprobs: log-probs under the sampling policy: one per response token in generate mode,
+            ``log_softmax(logits / temperature)`` of each (a backend's ``Completion.sampling_logprobs``);
             a single value, the chosen action's ``log_softmax(scores / temperature)[chosen]``, in
             score mode.
         candidate_ids: score mode: each candidate action's token ids (its own tokens plus the
             end-of-turn token, as ``LLM.score_full`` returns them).
         chosen: score mode: index of the action taken.
-        temperature: score mode: the softmax temperature the action was sampled with.
+        temperature: the softmax temperature the action (score mode) or each response token (generate
+            mode) was sampled with; the learner recomputes the log-probs at it.
         norm: score mode: ``"sum"`` or ``"mean"`` of a candidate's token log-probs as its score.
         response_ids: generate mode: the generated token ids as sampled.
         policy_version: the learner version (updates applied) of the weights that sampled it.
@@ -56,6 +59,8 @@ class TurnSample:
             raise ValueError(f"advantage must be finite, got {self.advantage}")
         if not all(math.isfinite(x) for x in self.old_logprobs):
             raise ValueError("old_logprobs must be finite")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if (self.candidate_ids is None) == (self.response_ids is None):
             raise ValueError("set exactly one of candidate_ids (score mode) and response_ids (generate mode)")
         if self.candidate_ids is not None:
@@ -67,8 +72,6 @@ class TurnSample:
             self.chosen = int(self.chosen)
             if len(self.old_logprobs) != 1:
                 raise ValueError("score mode: old_logprobs holds the chosen action's single log-prob")
-            if not self.temperature > 0:
-                raise ValueError(f"temperature must be > 0, got {self.temperature}")
             if self.norm not in NORMS:
                 raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         else:
