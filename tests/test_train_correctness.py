@@ -224,8 +224,6 @@ def test_a_distillation_sampled_at_0_7_records_the_log_probs_the_learner_recompu
         asyncio.run(llm.aclose())
 
 
-@pytest.mark.xfail(strict=True, reason="PolicyLearner's generate branch does not recompute log-probs at "
-                   "TurnSample.temperature yet; remove this marker when it does")
 def test_the_extractor_learners_first_epoch_ratio_on_a_distillation_sampled_at_0_7_is_1(tiny, tmp_path, monkeypatch):
     import asyncio
     import dataclasses

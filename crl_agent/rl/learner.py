@@ -351,7 +351,9 @@ class PolicyLearner:
                         term = term + self.kl_coef * _kl(logp_all, torch.log_softmax(ref.float() / s.temperature, -1))
                     extra[id(s)] = term
         if generated:
-            lp, _ = batch_sequence_logprobs(self.model, [s.prompt_ids for s in generated], [s.response_ids for s in generated])
+            # at the temperature each response was sampled with, so the first epoch's ratio is 1
+            lp, _ = batch_sequence_logprobs(self.model, [s.prompt_ids for s in generated],
+                                            [s.response_ids for s in generated], [s.temperature for s in generated])
             for i, s in enumerate(generated):
                 by_id[id(s)] = lp[i, : len(s.response_ids)]
         logps = [by_id[id(s)] for s in batch]
