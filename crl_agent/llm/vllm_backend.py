@@ -163,7 +163,7 @@ class VLLMLLM(LLM):
     """A model served by vLLM's offline engine.
 
     Args:
-        model: a local model directory (or any name vLLM resolves locally).
+        model: a local model directory; ``None`` (or ``"smollm2"``): the packaged SmolLM2-135M.
         seed: engine seed; requests without ``SamplingParams.seed`` draw from its stream.
         max_batch_size: most requests per ``generate`` call.
         batch_wait_ms: how long the batcher keeps collecting after the first request.
@@ -196,12 +196,14 @@ class VLLMLLM(LLM):
         ok, why = vllm_available()
         if not ok:
             raise LLMError(f"the vllm backend cannot run here: {why}. Use backend='transformers' on CPU, or {_INSTALL_HINT}")
-        if not model:
-            raise ValueError("the vllm backend needs model=<local model directory>")
         import vllm
 
+        from crl_agent.llm.models import resolve_model_path
+
+        # None (or "smollm2"): the packaged SmolLM2-135M, converted once to a plain model folder vLLM loads
+        path, self.display_name = resolve_model_path(model)
         self._vllm = vllm
-        self.model_name = str(model)
+        self.model_name = str(path)
         self.engine_kwargs = dict(engine_kwargs)
         self._lora: Any = None
         self._lora_ids = 0
