@@ -251,6 +251,10 @@ class ChatServer:
         if body.get("model") not in (None, "", self.model_name):
             raise HTTPError(404, f"model {body['model']!r} is not served here; this server serves {self.model_name!r}",
                             "model_not_found")
+        if not all(hasattr(self.llm, m) for m in ("encode", "score_ids", "complete_ids")):
+            raise HTTPError(501, f"the {self.llm.name} backend serves /v1/chat/completions only (raw prompts and echoed "
+                                 "log-probs need token-level calls it does not have); for vLLM, run vLLM's own server "
+                                 "(python -m vllm.entrypoints.openai.api_server)", "not_implemented")
         return completions_response(self, body, client_gone)
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:

@@ -250,3 +250,22 @@ def test_the_openai_backend_chats_and_scores_against_vllm_serve(tiny):
     finally:
         os.killpg(proc.pid, 15)  # the server and its engine processes
         proc.wait(timeout=60)
+
+
+def test_crl_agent_serve_on_vllm_chats_and_sends_scoring_to_vllms_own_server(engine):
+    """The last test of the module: closing the server closes the shared engine (aclose is idempotent)."""
+    import httpx
+
+    from crl_agent.serve import ChatServer
+
+    server = ChatServer(engine, "127.0.0.1", 0, "tiny", None).start()
+    try:
+        llm = make_llm("openai", "tiny", base_url=server.url)
+        c = _run(llm.chat(MESSAGES, SamplingParams(max_tokens=4, temperature=0.0)))
+        assert c.finish_reason in ("stop", "length") and c.model
+        _run(llm.aclose())
+        r = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 0, "echo": True, "logprobs": 0},
+                       timeout=30)
+        assert r.status_code == 501 and "vllm.entrypoints.openai.api_server" in r.text
+    finally:
+        server.close()

