@@ -51,6 +51,10 @@ SETTINGS = {
     "eval-episodes": 64,
     "ppo-epochs": 1,
     "steps": 1000,
+    # the robustness tools of the trainer, off as in the paper (e.g. --set dynamic-sampling=4 --tag robust)
+    "dynamic-sampling": 0,
+    "kl-coef": 0.0,
+    "entropy-coef": 0.0,
 }
 # crl mode on this CPU: 2 episodes of each group distilled (one from each half; distilling all 16 a step
 # made a step 2.6x slower than grpo's, so crl got 13-14 steps in 30 minutes against grpo's 32), batched
