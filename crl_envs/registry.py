@@ -42,6 +42,7 @@ FAMILIES: dict[str, Family] = {
     "ALFWorld": Family("ALFWorld", "crl_envs.alfworld", ("alfworld", "textworld"), "alfworld"),
     "WebShop": Family("WebShop", "crl_envs.webshop", ("bm25s",), "webshop"),
     "SWE": Family("SWE", "crl_envs.swe", ("swebench",), "swe"),
+    "Remote": Family("Remote", "crl_envs.remote", ("websockets",), "openenv"),
 }
 
 
@@ -105,6 +106,10 @@ def register_builtin_envs() -> None:
     # instances=PATH or $SWE_INSTANCES. Sandbox: bwrap by default (see crl_envs/swe/sandbox.py).
     _register("crl/SWE-Mini-v0", "crl_envs.swe.env:SWEEnv", 30, bundled=True, max_steps=30)
     _register("crl/SWE-Bench-v0", "crl_envs.swe.env:SWEEnv", 100, max_steps=100)
+    # ---------------------------------------------------------------- Remote
+    # Any env served by `python -m crl_envs.serve`, played over OpenEnv's protocol (url= or $CRL_REMOTE_URL).
+    # The served env truncates at its own limit; this one only bounds a server whose env has none.
+    _register("crl/Remote-v0", "crl_envs.remote:RemoteEnv", 1000)
 
 
 def load_plugins() -> list[str]:
@@ -134,7 +139,7 @@ def family_of(env_id: str) -> Family | None:
     spec = gym.spec(env_id)
     ep = spec.entry_point if isinstance(spec.entry_point, str) else ""
     for fam in FAMILIES.values():
-        if ep.startswith(fam.module + "."):
+        if ep.startswith((fam.module + ".", fam.module + ":")):  # a family package, or a module (Remote)
             return fam
     return None
 

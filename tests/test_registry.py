@@ -124,7 +124,8 @@ def test_broken_plugin_warns_instead_of_breaking_import(tmp_path):
 # Families whose own test module runs the kit on every id, with settings sized for that backend
 # (test_every_family_runs_the_kit_on_each_of_its_ids checks that it does).
 OWN_KIT_TESTS = {"MiniHack": "tests/test_minihack.py", "ALFWorld": "tests/test_alfworld.py",
-                 "WebShop": "tests/test_webshop.py", "SWE": "tests/test_swe.py"}
+                 "WebShop": "tests/test_webshop.py", "SWE": "tests/test_swe.py",
+                 "Remote": "tests/test_openenv.py"}  # crl/Remote-v0 needs a server to play
 
 
 def _kit_here(env_id: str) -> bool:
