@@ -7,6 +7,7 @@ by conftest can be served), and once as the real ``python -m crl_envs.serve`` su
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import socket
@@ -369,3 +370,36 @@ def test_cli_serves_an_env_that_remote_env_plays(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "crl_envs.serve", "crl/Sokoban-6x6-2-v1"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Did you mean: crl/Sokoban-6x6-2-v0" in bad.stderr
+
+
+# ---------------------------------------------------------------- the README's TRL example
+def test_readme_trl_environment_factory_example_plays_a_served_level(tmp_path, monkeypatch):
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = readme.split("## Serving envs over the network (OpenEnv)", 1)[1]
+    code = next(block for block in section.split("```python\n")[1:] if block.startswith("# sokoban_tools.py"))
+    code = code.split("```", 1)[0]
+    seed = 4
+    actions = oracle_actions("crl/Sokoban-6x6-2-v0", seed, 100)
+    with serving("crl/Sokoban-6x6-2-v0", backend="inline") as url:
+        (tmp_path / "sokoban_tools.py").write_text(code.replace("http://127.0.0.1:8000", url), encoding="utf-8")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        import sokoban_tools
+
+        env = sokoban_tools.SokobanTools()  # what GRPOTrainer does: the class, built with no arguments
+        try:
+            first = env.reset(prompt=[{"role": "user", "content": "solve it"}], seed=seed)  # dataset columns
+            assert "@" in first and env.reward == 0.0
+            for a in actions:
+                env.move(a)
+            assert env.done and sokoban_tools.reward_func([env]) == [1.0]
+            with pytest.raises(ValueError, match="over"):
+                env.move("up")
+        finally:
+            env.env.close()
+    if importlib.util.find_spec("transformers") is not None:
+        # the tool schema transformers builds from the docstring (what TRL hands the chat template)
+        from transformers.utils import get_json_schema
+
+        schema = get_json_schema(sokoban_tools.SokobanTools.move)
+        assert schema["function"]["name"] == "move"
+        assert schema["function"]["parameters"]["properties"]["direction"]["type"] == "string"
