@@ -18,6 +18,25 @@ for _id, _ep in TOY_IDS.items():
         gym.register(_id, entry_point=_ep, max_episode_steps=12)
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random chat model (hidden 64, 2 layers) saved once per module: its folder, as a string."""
+    from crl_agent.llm.tiny import build_tiny_chat_model
+
+    return str(build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0))
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: the tiny model gains nothing from two, and on a shared machine loses a lot."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def no_child_processes():
     import multiprocessing

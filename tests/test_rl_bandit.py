@@ -35,6 +35,7 @@ class DoorEnv(TextEnv):
 
     family = "Doors"
     DOORS = ("red", "green", "blue", "yellow")
+    winner = WINNER
 
     def __init__(self, render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
@@ -47,7 +48,7 @@ class DoorEnv(TextEnv):
     def _apply(self, action):
         if action not in self.DOORS:
             raise InvalidAction(f"choose one of {', '.join(self.order)}")
-        won = action == WINNER
+        won = action == self.winner
         return StepOutcome("You are outside." if won else "A wall.", reward=float(won), terminated=True, success=won, progress=float(won))
 
     def _admissible_actions(self):

@@ -24,17 +24,7 @@ if DOORS not in gym.registry:
     gym.register(DOORS, entry_point="tests.test_rl_bandit:DoorEnv", max_episode_steps=1)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny and one_thread: tests/conftest.py
 
 
 def test_grpo_training_takes_the_tiny_model_from_chance_to_solving_held_out_seeds(tiny, tmp_path):

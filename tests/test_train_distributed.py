@@ -16,15 +16,9 @@ pytest.importorskip("peft")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("this torch build has no torch.distributed with gloo", allow_module_level=True)
 
-from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOORS = "test/Doors-v0"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0))
 
 
 def free_port() -> int:

@@ -13,55 +13,24 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
 from crl_agent.rl import PolicyLearner, TurnSample, add_lora  # noqa: E402
 from crl_agent.train import TrainConfig, train  # noqa: E402
-from crl_envs.core import InvalidAction, StepOutcome, TextEnv  # noqa: E402
+from tests.test_rl_bandit import DoorEnv  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny and one_thread: tests/conftest.py
 RARE = "test/RareDoor-v0"
 
 
-class RareDoorEnv(TextEnv):
+class RareDoorEnv(DoorEnv):
     """One step among twelve doors, one of which (``d0``) leads out: a random policy wins 1 time in 12,
     so a group of 4 rollouts fails whole about 70% of the time."""
 
-    family = "Doors"
     DOORS = tuple(f"d{i}" for i in range(12))
-
-    def __init__(self, render_mode: str | None = None):
-        super().__init__(render_mode=render_mode)
-        self.order: list[str] = []
-
-    def _reset_task(self, options):
-        self.order = [self.DOORS[i] for i in self.np_random.permutation(len(self.DOORS))]
-        return f"Which door leads out? Actions: {', '.join(self.order)}", {"task": "Leave the room."}
-
-    def _apply(self, action):
-        if action not in self.DOORS:
-            raise InvalidAction(f"choose one of {', '.join(self.order)}")
-        won = action == "d0"
-        return StepOutcome("Outside." if won else "A wall.", reward=float(won), terminated=True, success=won,
-                           progress=float(won))
-
-    def _admissible_actions(self):
-        return list(self.order)
+    winner = "d0"
 
 
 if RARE not in gym.registry:
     gym.register(RARE, entry_point="tests.test_train_robust:RareDoorEnv", max_episode_steps=1)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return str(build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _rows(path):
