@@ -6,8 +6,15 @@ same slot bookkeeping (:mod:`crl_envs.pool.slots`): a call that times out or who
 fails with :class:`EnvError`, the actor is killed and re-created with its envs, every other
 episode it hosted is lost until its slot is reset, and other actors keep running.
 
-Needs ``ray`` (``pip install -e ".[ray]"``). Call ``ray.init(...)`` yourself to join a
-cluster; otherwise a local one is started.
+Actors are spread over the cluster's nodes that offer CPUs, the next one always on the node
+hosting the fewest of the pool's actors (Ray's own ``SPREAD`` is best effort: it put three
+zero-CPU actors on two of three nodes, or on one); ``actor_options`` can place them otherwise.
+When a node is lost, the calls on its actors fail with cause ``"crash"`` and the actors are
+re-created on the nodes that remain.
+
+Needs ``ray`` (``pip install -e ".[ray]"``). The pool joins the cluster Ray is connected to:
+call ``ray.init(address=...)`` yourself, or set ``RAY_ADDRESS`` (the head's ``HOST:6379``, or ``auto``
+on a node that ``ray start`` joined); otherwise a local one-node cluster is started.
 """
 
 from __future__ import annotations
@@ -62,6 +69,11 @@ class _ActorBody:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 class RayEnvPool(SlotFront):
     """The :class:`~crl_envs.pool.base.SlotPool` API backed by Ray actors.
@@ -71,6 +83,8 @@ class RayEnvPool(SlotFront):
         num_workers: actors (default: one per slot, at most 2).
         timeout: seconds a ``step``/``call`` may run before its actor is replaced.
         reset_timeout: the same for ``reset`` and actor creation.
+        actor_options: Ray actor options (``ray.remote(...).options``) over the default ``num_cpus=0``,
+            e.g. ``{"resources": {"env_host": 1}}``; a ``scheduling_strategy`` there replaces the spread.
     """
 
     def __init__(
@@ -79,19 +93,51 @@ class RayEnvPool(SlotFront):
         num_workers: int | None = None,
         timeout: float = 60.0,
         reset_timeout: float = 300.0,
+        actor_options: dict[str, Any] | None = None,
     ):
         pairs = parse_envs(envs)
         self.num_workers = max(1, min(num_workers or min(2, len(pairs)), len(pairs)))
         self.timeout, self.reset_timeout = timeout, reset_timeout
+        self.actor_options = {"num_cpus": 0, **(actor_options or {})}
         self.slots = SlotTable(pairs, self.num_workers, "actor")
         self.actors: list[Any] = [None] * self.num_workers
+        self._nodes: list[str | None] = [None] * self.num_workers  # the node each actor was placed on
         self._restarts = 0
         self._closed = False
         self._started = False
 
     def _spawn(self, w: int) -> None:
         ray = _ray()
-        self.actors[w] = ray.remote(num_cpus=0)(_ActorBody).remote(self.slots.specs(w))
+        options = dict(self.actor_options)
+        if "scheduling_strategy" not in options:
+            options["scheduling_strategy"] = self._spread(w)
+        self.actors[w] = ray.remote(_ActorBody).options(**options).remote(self.slots.specs(w))
+
+    def _spread(self, w: int) -> Any:
+        """Where actor ``w`` goes: the live node (with CPUs and the resources the actor asks for) hosting the
+        fewest of the other actors, and not the node its predecessor ran on while another is left (a lost
+        node can look alive for a moment)."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        needs = {"CPU": max(float(self.actor_options.get("num_cpus") or 0), 1e-9),
+                 **{k: float(v) for k, v in (self.actor_options.get("resources") or {}).items()}}
+        try:
+            listed = ray.nodes()
+        except Exception:  # noqa: BLE001 - no node table here (e.g. a Ray Client): Ray's own best-effort spread
+            return "SPREAD"
+        nodes = sorted(n["NodeID"] for n in listed if n.get("Alive")
+                       and all(n.get("Resources", {}).get(k, 0) >= v for k, v in needs.items()))
+        candidates = [n for n in nodes if n != self._nodes[w]] or nodes
+        if not candidates:
+            return "SPREAD"
+        load = {n: sum(1 for v, m in enumerate(self._nodes) if m == n and v != w) for n in candidates}
+        node = min(candidates, key=lambda n: load[n])
+        self._nodes[w] = node
+        # Hard affinity: a soft one let Ray put actors elsewhere while a fresh node's resources were still being
+        # reported (two of three nodes used). Were the node lost before the actor starts, its calls fail as a
+        # crash and the replacement goes to another node.
+        return NodeAffinitySchedulingStrategy(node, soft=False)
 
     async def start(self) -> RayEnvPool:
         """Start Ray if needed (a local cluster) and create the actors with their envs.
@@ -106,7 +152,10 @@ class RayEnvPool(SlotFront):
         ray = _ray()
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            if os.environ.get("RAY_ADDRESS"):  # join that cluster (ray.init reads it; sizes are the cluster's)
+                ray.init(log_to_driver=False)
+            else:
+                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         self._started = True
         for w in range(self.num_workers):
             self._spawn(w)
@@ -156,7 +205,8 @@ class RayEnvPool(SlotFront):
             if self.actors[w] is actor:
                 self._restart(w, "timeout", detail)
             raise self._error(slot, "timeout", detail) from None
-        except ray.exceptions.RayActorError as e:
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
+            # unschedulable: placed on a node that was lost before the actor started; its replacement goes elsewhere
             detail = f"actor died: {str(e).splitlines()[0]}"
             if self.actors[w] is actor:
                 self._restart(w, "crash", detail)
@@ -170,6 +220,20 @@ class RayEnvPool(SlotFront):
 
     def restarts(self) -> int:
         return self._restarts
+
+    async def actor_nodes(self) -> list[str | None]:
+        """The Ray node id each actor runs on (``None`` for one that does not answer), e.g. to check the spread."""
+        ray = _ray()
+        if not self._started:
+            await self.start()
+
+        async def node(actor: Any) -> str | None:
+            try:
+                return await asyncio.wait_for(actor.node_id.remote(), self.reset_timeout)
+            except (asyncio.TimeoutError, ray.exceptions.RayError):
+                return None
+
+        return list(await asyncio.gather(*(node(a) for a in self.actors)))
 
     def close(self) -> None:
         if self._closed:
