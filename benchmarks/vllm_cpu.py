@@ -65,6 +65,12 @@ def main() -> None:
     p.add_argument("--dtype", default=None, help="default: the CPU's faster of bf16 and fp32 (pick_cpu_dtype)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args = p.parse_args()
+    from crl_agent.llm.vllm_backend import vllm_available
+
+    ok, why = vllm_available()
+    if not ok:  # `make bench` runs every script in the main venv: say where this one runs
+        print(f"skipped: {why}; run it as .venv-vllm/bin/python benchmarks/vllm_cpu.py")
+        return
     dtype = args.dtype or pick_cpu_dtype()
     rows = {}
     hf = make_llm("transformers", dtype=dtype, num_threads=args.threads, max_batch_size=max(8, args.episodes))
