@@ -52,10 +52,13 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 LOST_CAUSES = ("crash", "timeout", "memory", "closed")  # the episode's env is gone: the session ends
 
 
+ACTION_HELP = "the action, e.g. 'go north' or 'click[Buy Now]'"
+
+
 class TextAction(Action):
     """One action of a text env: the text an agent sends."""
 
-    message: str = Field(description="the action, e.g. 'go north' or 'click[Buy Now]'")
+    message: str = Field(description=ACTION_HELP)
 
 
 class TextObservation(Observation):
@@ -97,6 +100,7 @@ class ServeConfig:
             a crash ends only its session) or ``"inline"`` (this process: lighter, no isolation).
         step_timeout: seconds a step may run before the session's env counts as hung (kept above what
             the env declares one step may take, e.g. SWE grading).
+        reset_timeout: the same for making the env and ``reset``.
         max_action_chars: the longest action accepted; longer ones are refused without reaching the env.
     """
 
@@ -310,9 +314,10 @@ def create_app(config: ServeConfig, *, max_concurrent: int = 8, session_timeout:
     check_env_id(config.env_id)
     if config.backend not in ("process", "inline", "ray"):
         raise ValueError(f"unknown backend {config.backend!r}; use process, inline or ray")
+    # /schema states this server's action limit (RemoteEnv sizes its action space by it); the limit itself is
+    # checked in step_async, so a refused action is never echoed back in a validation error
     action_cls = create_model("TextAction", __base__=TextAction, message=(str, Field(
-        description="the action, e.g. 'go north' or 'click[Buy Now]'",
-        json_schema_extra={"maxLength": config.max_action_chars})))
+        description=ACTION_HELP, json_schema_extra={"maxLength": config.max_action_chars})))
     app: FastAPI = create_fastapi_app(
         functools.partial(PooledEnvironment, config), action_cls, TextObservation,
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_concurrent))
@@ -343,23 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds before a hung step ends its session (default: 60; longer where the env declares it)")
     p.add_argument("--max-action-chars", type=int, default=2**20,
                    help="refuse longer actions (default: 1048576)")
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="a gymnasium.make kwarg for the env; VALUE is parsed as JSON when it can be (repeatable)")
     return p
-
-
-def parse_env_args(pairs: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings as make kwargs, each VALUE read as JSON where it parses (else a string)."""
-    kwargs = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise ValueError(f"--env-arg takes KEY=VALUE, got {pair!r}")
-        try:
-            kwargs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key] = value
-    return kwargs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,10 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_concurrent < 1:
         parser.error("--max-concurrent must be at least 1")
-    if args.session_timeout <= 0 or args.step_timeout <= 0:
-        parser.error("--session-timeout and --step-timeout must be positive")
+    if args.session_timeout <= 0 or args.step_timeout <= 0 or args.max_action_chars < 1:
+        parser.error("--session-timeout, --step-timeout and --max-action-chars must be positive")
     try:
-        config = ServeConfig(args.env_id, parse_env_args(args.env_arg), backend=args.backend,
+        config = ServeConfig(args.env_id, backend=args.backend,
                              step_timeout=args.step_timeout, max_action_chars=args.max_action_chars)
         app = create_app(config, max_concurrent=args.max_concurrent, session_timeout=args.session_timeout)
     except (ValueError, gym.error.Error) as e:
