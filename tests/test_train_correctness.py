@@ -11,8 +11,9 @@ import pytest
 from crl_agent.train import TrainConfig, main
 from tests import test_train
 
-# the trainer tests' bandit env, tiny chat model and one torch thread
-DOORS, tiny, one_thread = test_train.DOORS, test_train.tiny, test_train.one_thread
+# the trainer tests' bandit env; the tiny chat model and one torch thread come from tests/conftest.py
+DOORS = test_train.DOORS
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("temperature", [0.0, -1.0, math.nan])
