@@ -10,6 +10,7 @@ with ``name, model, agent, date, url, verified``; where it also holds the run's 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -76,6 +77,38 @@ def render(subs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+DISPLAY_CHARS = 36
+
+
+def display_names(names: list[str], limit: int = DISPLAY_CHARS) -> list[str]:
+    """Short names for the site's tables (the full name shows on hover).
+
+    A name is cut at its first parenthesis, then at a word within ``limit`` characters. Names of one table
+    that would read alike get the first part of their own (between commas or brackets) that tells them apart,
+    e.g. ``llm agent, SmolLM2-135M + LoRA… (seed 1)``.
+    """
+    def cut(text: str, n: int) -> str:
+        text = text.strip()
+        if len(text) <= n:
+            return text
+        head = text[: n - 1]
+        if " " in head[n // 2:]:
+            head = head[: head.rindex(" ")]
+        return head.rstrip(" ,;:(-") + "…"
+
+    heads = [cut(re.split(r"\s\(", name, maxsplit=1)[0] or name, limit) for name in names]
+    out = list(heads)
+    for head in {h for h in heads if heads.count(h) > 1}:
+        alike = [i for i, h in enumerate(heads) if h == head]
+        parts = {i: [x.strip() for x in re.split(r"[(),;]", names[i]) if x.strip()] for i in alike}
+        for i in alike:
+            others = set().union(*(parts[j] for j in alike if j != i))
+            tell = next((x for x in parts[i] if x not in others), None)
+            if tell:
+                out[i] = f"{head} ({cut(tell, 16)})"
+    return out
+
+
 def leaderboard_data(subs: list[dict], run_ids: dict[str, str]) -> dict:
     """The leaderboard as the site shows it: one group per task set, entries ranked as in the Markdown.
 
@@ -84,11 +117,12 @@ def leaderboard_data(subs: list[dict], run_ids: dict[str, str]) -> dict:
     groups = []
     for name, entries in _groups(subs).items():
         rows = []
+        short = display_names([s["metadata"]["name"] for s in entries])
         for rank, s in enumerate(entries, 1):
             m, summ = s["metadata"], s["summary"]
             cap = summ["run"].get("max_steps")
             rows.append({
-                "rank": rank, "name": m["name"], "agent": m["agent"], "model": m["model"], "url": m["url"],
+                "rank": rank, "name": m["name"], "display": short[rank - 1], "agent": m["agent"], "model": m["model"], "url": m["url"],
                 "verified": m["verified"], "date": m["date"], "step_cap": cap if isinstance(cap, int) else None,
                 "success": summ["macro"]["success"], "success_se": summ["macro"]["success_se"],
                 "progress": summ["macro"].get("progress"), "run": run_ids.get(str(s["folder"])),

@@ -93,3 +93,14 @@ def test_the_step_cap_of_each_run_is_shown_beside_its_scores():
     capped = next(r for name, r in rows.items() if "llm agent" in name and "at most 10 steps" in name)
     uncapped = next(r for name, r in rows.items() if name.startswith("oracle baseline (task set 6"))
     assert capped[4] == "10" and uncapped[4] == "env"
+
+
+def test_site_names_are_short_and_names_that_would_read_alike_keep_what_tells_them_apart():
+    from leaderboards.build import DISPLAY_CHARS, display_names
+
+    grpo = "llm agent, SmolLM2-135M + LoRA trained by crl_agent.train --mode grpo (seed {}, 19 steps) (held-out seeds)"
+    names = [grpo.format(0), grpo.format(1), "oracle baseline (task set 6, 20 episodes per task)", "random"]
+    short = display_names(names)
+    assert short[2:] == ["oracle baseline", "random"]
+    assert short[0] != short[1] and short[0].endswith("(seed 0)") and short[1].endswith("(seed 1)")
+    assert all(len(s) <= DISPLAY_CHARS + 20 for s in short) and short[0].startswith("llm agent, SmolLM2-135M")

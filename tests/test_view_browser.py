@@ -111,8 +111,10 @@ def test_leaderboard_sorts_filters_and_opens_a_run(watched, runs, tmp_path, outp
     board = tmp_path / "board"
     assert board_main(["--submissions", str(subs), "--out", str(tmp_path / "b.md"), "--html", str(board)]) == 0
     _open(page, board)
-    custom = page.locator("section.board", has_text="custom: crl/Sokoban-6x6-2-v0").first.inner_text()
-    assert all(h in custom for h in F.HOSTILE[:4]) and page.evaluate("window.__pwned") is None
+    custom = page.locator("section.board", has_text="custom: crl/Sokoban-6x6-2-v0").first
+    assert all(h in custom.inner_text() for h in F.HOSTILE[1:4]) and page.evaluate("window.__pwned") is None
+    name = custom.locator("a.run-link", has_text="<script>")  # a short display name; the whole on hover
+    assert name.get_attribute("title") == F.HOSTILE[0] and F.HOSTILE[0].startswith(name.inner_text().rstrip("…"))
     table = page.locator("section.board", has_text="task set 6").locator("table")
     names = table.locator("tbody tr td:nth-child(2) a.run-link")
     assert names.first.inner_text().startswith("oracle baseline")
@@ -136,6 +138,54 @@ def test_leaderboard_sorts_filters_and_opens_a_run(watched, runs, tmp_path, outp
     page.wait_for_selector(".vrow")
     assert page.locator("#count").inner_text().startswith("6 of 6")
     _shot(page, output_path, "submission-episodes")
+
+
+def test_leaderboard_pages_fit_a_1280_window_with_short_names_and_frozen_columns(watched, runs, tmp_path, output_path):
+    from leaderboards.build import ROOT
+    from leaderboards.build import main as board_main
+
+    page = watched
+    subs = tmp_path / "subs"
+    shutil.copytree(ROOT / "submissions", subs)
+    long_name = ("llm agent with a deliberately long name that says everything about how it was run, "
+                 "SmolLM2-135M + LoRA (seed 7, 40 steps; task set 6, 20 episodes per task, seeds 0-19)")
+    task6 = next(d for d in sorted(subs.iterdir()) if d.name.endswith("_random-task6"))
+    (shutil.copytree(task6, subs / "2026-12-06_long") / "metadata.yaml").write_text(yaml.safe_dump({
+        "name": long_name, "model": "SmolLM2-135M-Instruct (a model description as long as a sentence can be)",
+        "agent": "llm", "date": "2026-12-06", "url": "https://example.org/a/very/long/address", "verified": False}))
+    for name, run in (("long-a", "oracle"), ("long-b", "random")):  # two long-named runs with episodes, to compare
+        (shutil.copytree(runs[run], subs / f"2026-12-06_{name}") / "metadata.yaml").write_text(yaml.safe_dump({
+            "name": f"{run} {long_name}", "model": "none", "agent": run, "date": "2026-12-06", "url": "", "verified": False}))
+    board = tmp_path / "board"
+    assert board_main(["--submissions", str(subs), "--out", str(tmp_path / "b.md"), "--html", str(board)]) == 0
+    _open(page, board)
+    section = page.locator("section.board", has_text="task set 6")
+    link = section.locator("a.run-link", has_text="llm agent with a")
+    assert link.get_attribute("title") == long_name and len(link.inner_text()) <= 45
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 1280
+    _shot(page, output_path, "leaderboard-1280")
+    ids = page.eval_on_selector_all("a.run-link", "as => as.map(a => new URLSearchParams(a.hash.split('?')[1]).get('run'))")
+    names = page.eval_on_selector_all("a.run-link", "as => as.map(a => a.title)")
+    a, b = ids[names.index(f"oracle {long_name}")], ids[names.index(f"random {long_name}")]
+    for h in (f"#/run?run={a}", f"#/episodes?run={a}", f"#/compare?a={a}&b={b}",
+              f"#/compare?a={a}&b={b}&task={F.SOKOBAN}&seed=0", f"#/episode?run={a}&task={F.SOKOBAN}&seed=0"):
+        _open(page, board, h)
+        page.wait_for_selector("main .page > *")
+        page.wait_for_timeout(150)
+        assert page.evaluate("document.scrollingElement.scrollWidth") <= 1280, h
+        if "compare" in h:
+            assert page.locator("#run-a").bounding_box()["width"] <= 0.4 * 1280 + 1, h
+
+    page.set_viewport_size({"width": 900, "height": 900})  # narrower than the task-set-6 table: it scrolls inside
+    _open(page, board)
+    section = page.locator("section.board", has_text="task set 6")
+    assert section.evaluate("s => s.scrollWidth > s.clientWidth")
+    row = section.locator("tbody tr").first
+    before = [row.locator("td").nth(i).bounding_box()["x"] for i in (0, 1, 8)]
+    section.evaluate("s => { s.scrollLeft = 300; }")
+    after = [row.locator("td").nth(i).bounding_box()["x"] for i in (0, 1, 8)]
+    assert after[:2] == before[:2] and after[2] < before[2] - 250  # rank and name stay, the rest scrolls
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 900
 
 
 def test_run_page_shows_per_task_results_chart_and_errors(watched, site, output_path):
@@ -251,7 +301,7 @@ def test_compare_random_and_oracle_marks_the_first_divergence(watched, site, run
     page.locator("#split-table tbody tr").nth(0).get_by_role("link").click()
     page.wait_for_selector("#divergence")
     assert page.locator("#divergence").inner_text() == f"The actions first differ at step {first}."
-    row = page.locator("tr.first-diff")
+    row = page.locator(".cmp-row.first-diff")
     assert row.count() == 1 and row.get_attribute("id") == f"cmp-step-{first}"
     assert row.locator("code.action").all_inner_texts() == [acts_a[first], acts_b[first]]
     assert row.is_visible()
@@ -264,7 +314,8 @@ def test_hostile_text_shows_literally_and_nothing_executes(watched, site, output
     pages = ["#/run?run=hostile", "#/episodes?run=hostile",
              "#/episode?run=hostile&task=crl/Sokoban-6x6-2-v0&seed=0&step=1",
              "#/episode?run=hostile&task=crl/Sokoban-6x6-2-v0&seed=1",
-             "#/compare?a=hostile&b=llm&task=crl/Sokoban-6x6-2-v0&seed=0"]
+             "#/compare?a=hostile&b=llm&task=crl/Sokoban-6x6-2-v0&seed=0",
+             "#/episode?run=hostile&task=crl/Sokoban-6x6-2-v0&seed=1&view=compact&q=%3Cscript%3E"]
     for h in pages:
         _open(page, site, h)
         page.wait_for_selector("main .page > *")
@@ -275,6 +326,9 @@ def test_hostile_text_shows_literally_and_nothing_executes(watched, site, output
         assert page.locator("main img, main svg, main iframe, main script").count() == 0, h
         hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
         assert all(h.startswith(("#", "http://", "https://")) for h in hrefs), hrefs
+    assert set(page.locator("mark.hit").all_inner_texts()) == {"<script>"}  # matches marked as text
+    _open(page, site, pages[3])
+    page.wait_for_selector(".step")
     text = page.inner_text("main")
     for h in F.HOSTILE[:6]:
         assert h in text

@@ -32,7 +32,8 @@ from eval.view.data import INDEX_FIELDS, STEP_FIELDS, RunData
 CHUNK_BYTES = 256 * 1024
 SEARCH_CHUNK_BYTES = 2 * 1024 * 1024
 MARKER = ".crl-view-site"
-APP_SCRIPTS = ("core.js", "leaderboard.js", "run.js", "episodes.js", "episode.js", "compare.js", "main.js")
+APP_SCRIPTS = ("core.js", "leaderboard.js", "run.js", "episodes.js", "steps.js", "episode.js", "compare.js",
+               "main.js")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
        "connect-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'")

@@ -1,4 +1,6 @@
-// crl-bench viewer: two runs side by side, per task and seed, steps aligned, first differing action marked.
+// crl-bench viewer: two runs side by side. The overview pairs their episodes by task and seed; a pair's page
+// draws both episodes as the episode page does (observation, then action; compact or full), one row per
+// step so both sides scroll together, with a timeline per side and the first differing action marked.
 "use strict";
 (function () {
   const V = window.CRLVIEW;
@@ -7,9 +9,10 @@
   function pickers(a, b) {
     const runs = V.site().runs;
     function sel(id, value) {
-      const s = V.el("select", { id: id, "aria-label": id === "run-a" ? "run A" : "run B" }, V.el("option", { value: "" }, "choose a run"),
-        runs.map(function (r) { return V.el("option", { value: r.id }, r.label); }));
+      const s = V.el("select", { id: id, className: "run-pick", "aria-label": id === "run-a" ? "run A" : "run B" }, V.el("option", { value: "" }, "choose a run"),
+        runs.map(function (r) { return V.el("option", { value: r.id, title: r.label }, r.label + (r.episodes ? "" : " (summary only)")); }));
       s.value = value || "";
+      s.title = s.selectedOptions.length ? s.selectedOptions[0].textContent : "";
       return s;
     }
     const sa = sel("run-a", a), sb = sel("run-b", b);
@@ -17,6 +20,34 @@
     sa.addEventListener("change", change);
     sb.addEventListener("change", change);
     return V.el("div", { className: "filters" }, V.el("label", null, "A ", sa), V.el("label", null, " B ", sb));
+  }
+
+  // Episodes of A that B has too (same task, seed and sample), in A's order.
+  function pairsOf(ia, ib) {
+    const pairs = [];
+    for (const ea of ia.episodes) {
+      const eb = V.findEpisode(ib, ea.env, ea.seed, ea.sample);
+      if (eb) pairs.push({ env: ea.env, seed: ea.seed, sample: ea.sample, a: ea, b: eb });
+    }
+    return pairs;
+  }
+
+  function seedRange(idx) {
+    const seeds = idx.episodes.map(function (e) { return e.seed; }).filter(function (s) { return typeof s === "number"; });
+    return seeds.length ? Math.min.apply(null, seeds) + "–" + Math.max.apply(null, seeds) : "none";
+  }
+
+  // Why two runs have no episode in common, in words.
+  function whyNoPairs(ra, rb, ia, ib) {
+    const only = [ra, rb].filter(function (r) { return !r.episodes; });
+    if (only.length) {
+      return (only.length === 2 ? "Neither run has" : only[0].label + " has") + " episodes to pair: " +
+        (only.length === 2 ? "both are summaries only" : "it is a summary only") +
+        " (its folder holds summary.json but no episodes.jsonl, as a leaderboard submission may), so only their per-task results compare: see each run's page.";
+    }
+    const shared = ra.tasks.filter(function (t) { return rb.tasks.includes(t); });
+    if (!shared.length) return "The runs share no task: A ran " + ra.tasks.join(", ") + "; B ran " + rb.tasks.join(", ") + ".";
+    return "The runs share tasks (" + shared.join(", ") + ") but no seed and sample: A ran seeds " + seedRange(ia) + ", B ran seeds " + seedRange(ib) + ".";
   }
 
   function outcomeCell(e) { return e ? V.el("td", null, V.outcomeBadge(e.outcome), " " + V.fmt(e.actions) + " actions") : V.el("td", null, "–"); }
@@ -32,19 +63,22 @@
     return Promise.all([V.index(ra), V.index(rb), V.actions(ra), V.actions(rb)]).then(function (r) {
       if (!current()) return;
       const ia = r[0], ib = r[1], aa = r[2], ab = r[3];
-      const pairs = [];
-      for (const ea of ia.episodes) {
-        const eb = V.findEpisode(ib, ea.env, ea.seed, ea.sample);
-        if (eb) pairs.push({ env: ea.env, seed: ea.seed, sample: ea.sample, a: ea, b: eb });
+      const pairs = pairsOf(ia, ib);
+      if (!pairs.length) {
+        root.appendChild(V.el("p", { id: "no-pairs", className: "note" }, "No task/seed pair is in both runs. " + whyNoPairs(ra, rb, ia, ib)));
+        return;
       }
       function first(p) {
         const x = aa.lists[p.a.i], y = ab.lists[p.b.i];
         return x && y ? V.firstDivergence(x, y) : null;
       }
       const split = pairs.filter(function (p) { return p.a.success !== p.b.success; });
+      const noSteps = [ra, rb].filter(function (x) { return !x.trajectories; }).map(function (x) { return x.label; });
       root.appendChild(V.el("p", { className: "note" }, pairs.length + " task/seed pairs in both runs; " + split.length +
-        " where one succeeded and the other did not."));
-      const head = V.el("thead", null, V.el("tr", null, ["task", "seed", "sample", "A: " + ra.label, "B: " + rb.label, "first differing action"]
+        " where one succeeded and the other did not." + (noSteps.length ? " " + noSteps.join(" and ") +
+          " recorded no trajectories, so steps and the first differing action are unknown." : "")));
+      const head = V.el("thead", null, V.el("tr", null, ["task", "seed", "sample", ["A: ", V.el("span", { className: "clip", title: ra.label }, ra.label)],
+        ["B: ", V.el("span", { className: "clip", title: rb.label }, rb.label)], "first differing action"]
         .map(function (h) { return V.el("th", null, h); })));
       root.appendChild(V.el("h2", null, "One succeeded, the other did not (" + split.length + ")"));
       root.appendChild(split.length ? V.el("table", { className: "grid", id: "split-table" }, head, V.el("tbody", null,
@@ -66,14 +100,25 @@
     });
   }
 
-  function side(run, ep, data, s, t, diverge) {
-    if (!ep) return V.el("td", { className: "side missing" }, "no such episode in this run");
-    if (!data) return V.el("td", { className: "side missing" }, t === 0 ? "no trajectory recorded" : "");
-    if (!s) return V.el("td", { className: "side missing" }, t === data.steps.length ? "(episode over)" : "");
-    return V.el("td", { className: "side" + (diverge ? " diverge" : "") },
-      V.el("div", { className: "step-head" }, V.el("code", { className: "action" }, s.action), s.valid ? "" : V.el("span", { className: "badge invalid" }, "invalid"),
-        V.el("span", { className: "spacer" }), V.el("span", { className: "kv" }, "r " + V.fmt(s.reward) + " · p " + V.fmt(s.progress))),
-      V.pre(s.observation, "text observation"));
+  // One side of one step row: the step as the episode page draws it, or why there is none.
+  function side(ep, data, steps, t, q, mode, diverge) {
+    if (!ep) return V.el("div", { className: "side missing" }, t === 0 ? "no such episode in this run" : "");
+    if (!data) return V.el("div", { className: "side missing" }, t === 0 ? "no trajectory recorded" : "");
+    if (t === steps.length) {
+      return V.el("div", { className: "side final" }, V.el("div", { className: "step-head" }, "episode over: final observation"),
+        V.observation(data.final, q, mode === "compact" && t > 0 ? steps[t - 1].observation : null, t - 1));
+    }
+    const s = steps[t];
+    if (!s) return V.el("div", { className: "side missing" });
+    return V.el("div", { className: "side" + (diverge ? " diverge" : "") },
+      V.el("div", { className: "step-head" }, V.stepFlags(s), V.el("span", { className: "spacer" }), V.afterAction(s)),
+      V.stepBody(s, t, data.adm, q, mode === "compact" && t > 0 ? steps[t - 1].observation : null));
+  }
+
+  function sideLabel(letter, run, ep, env, seed, sample) {
+    return V.el("div", { className: "side-label" }, V.el("b", null, letter + " "),
+      V.el("a", { href: ep ? V.link("episode", { run: run.id, task: env, seed: seed, sample: sample }) : "#/", title: run.label }, run.label),
+      " ", ep ? V.outcomeBadge(ep.outcome) : null);
   }
 
   function sideBySide(root, ra, rb, params, current) {
@@ -85,25 +130,90 @@
         if (!current()) return;
         const sa = d[0] ? d[0].steps.map(V.step) : [], sb = d[1] ? d[1].steps.map(V.step) : [];
         const div = d[0] && d[1] ? V.firstDivergence(sa.map(function (s) { return s.action; }), sb.map(function (s) { return s.action; })) : null;
+        const pairs = pairsOf(r[0], r[1]);
+        const at = pairs.findIndex(function (p) { return p.env === env && String(p.seed) === String(seed) && String(p.sample) === String(sample); });
+        function go(dir) {
+          const p = pairs[at + dir];
+          if (at >= 0 && p) location.hash = V.link("compare", { a: ra.id, b: rb.id, task: p.env, seed: p.seed, sample: p.sample, view: params.get("view") });
+        }
         root.appendChild(V.el("h2", null, env + " · seed " + seed + (Number(sample) ? " · sample " + sample : "")));
         root.appendChild(V.el("p", { id: "divergence", className: "note" }, div === null ? "One side has no trajectory." : div < 0
           ? "Both runs took the same actions." : "The actions first differ at step " + div + "."));
-        const head = V.el("tr", null, V.el("th", null, "step"),
-          V.el("th", null, V.el("a", { href: ea ? V.link("episode", { run: ra.id, task: env, seed: seed, sample: sample }) : "#/" }, "A: " + ra.label), " ", ea ? V.outcomeBadge(ea.outcome) : null),
-          V.el("th", null, V.el("a", { href: eb ? V.link("episode", { run: rb.id, task: env, seed: seed, sample: sample }) : "#/" }, "B: " + rb.label), " ", eb ? V.outcomeBadge(eb.outcome) : null));
-        const body = V.el("tbody");
-        const n = Math.max(sa.length, sb.length, 1);
-        for (let t = 0; t < n; t++) {
-          const first = t === div;
-          body.appendChild(V.el("tr", { className: "aligned" + (first ? " first-diff" : ""), id: "cmp-step-" + t },
-            V.el("td", { className: "num" }, t, first ? V.el("div", { className: "badge diverge" }, "first difference") : null),
-            side(ra, ea, d[0], sa[t], t, first), side(rb, eb, d[1], sb[t], t, first)));
+        root.appendChild(V.el("p", { className: "nav" },
+          V.el("button", { type: "button", id: "prev-pair", disabled: at <= 0, onclick: function () { go(-1); } }, "◀ previous pair (K)"),
+          V.el("span", { className: "note" }, at < 0 ? "" : " " + (at + 1) + " of " + pairs.length + " "),
+          V.el("button", { type: "button", id: "next-pair", disabled: at < 0 || at >= pairs.length - 1, onclick: function () { go(1); } }, "next pair (J) ▶"),
+          V.el("span", { className: "note" }, "  j/k: steps · c: compact/full · ?: keys")));
+
+        const n = Math.max(sa.length + (d[0] ? 1 : 0), sb.length + (d[1] ? 1 : 0), 1);
+        const auto = Math.max(sa.length, sb.length) >= V.COMPACT_FROM ? "compact" : "full";
+        let mode = params.get("view") === "full" || params.get("view") === "compact" ? params.get("view") : auto;
+        let cur = -1;
+        const lines = [];
+        function pick(t) { select(t, true); }
+        const tls = [[sa, "A", ra, ea], [sb, "B", rb, eb]].map(function (x) {
+          const tl = x[0].length ? V.timeline(x[0], pick, "steps of run " + x[1]) : null;
+          if (tl && div !== null && div >= 0 && tl.marks[div]) tl.marks[div].classList.add("diverge");
+          lines.push(sideLabel(x[1], x[2], x[3], env, seed, sample), tl ? tl.el : V.el("div", { className: "note" }, "no steps"));
+          return tl;
+        });
+        const modeBtn = V.modeButton(function () { return mode; }, function () { mode = mode === "compact" ? "full" : "compact"; draw(); });
+        const bar = V.el("div", { className: "stepbar compare-bar" }, V.el("div", { className: "tl-rows" }, lines), V.el("div", { className: "tools" }, modeBtn.el));
+        const rows = V.el("div", { className: "cmp-rows" });
+        root.appendChild(bar);
+        root.appendChild(rows);
+
+        function link() {
+          return V.link("compare", { a: ra.id, b: rb.id, task: env, seed: seed, sample: sample, step: cur < 0 ? null : cur, view: mode === auto ? null : mode });
         }
-        root.appendChild(V.el("table", { className: "grid side-by-side" }, V.el("thead", null, head), body));
-        if (div !== null && div >= 0) {
+        function draw() {
+          rows.textContent = "";
+          const frag = document.createDocumentFragment();
+          for (let t = 0; t < n; t++) {
+            const first = t === div;
+            frag.appendChild(V.el("div", { className: "cmp-row aligned" + (first ? " first-diff" : ""), id: "cmp-step-" + t, dataset: { t: t } },
+              V.el("div", { className: "cmp-t" }, V.el("a", { className: "t", href: "#" }, String(t)), first ? V.el("div", { className: "badge diverge" }, "first difference") : null),
+              side(ea, d[0], sa, t, "", mode, first), side(eb, d[1], sb, t, "", mode, first)));
+          }
+          rows.appendChild(frag);
+          if (cur >= 0) { const t = cur; cur = -1; select(t, false); }
+          V.stickyOffset(bar);
+        }
+        function select(t, scroll) {
+          t = Math.max(0, Math.min(n - 1, t));
+          const old = rows.querySelector(".cmp-row.current");
+          if (old) old.classList.remove("current");
+          const row = document.getElementById("cmp-step-" + t);
+          row.classList.add("current");
+          cur = t;
+          for (const tl of tls) if (tl) tl.setCurrent(t);
+          if (scroll) { V.stickyOffset(bar); row.scrollIntoView({ block: "start" }); }
+          V.replaceHash(link());
+        }
+        rows.addEventListener("click", function (e) {
+          const a = e.target.closest && e.target.closest("a.t");
+          if (!a) return;
+          e.preventDefault();
+          select(Number(a.closest(".cmp-row").dataset.t), false);
+        });
+        draw();
+        const want = params.get("step");
+        if (want !== null && want !== "" && !Number.isNaN(Number(want))) select(Number(want), true);
+        else if (div !== null && div >= 0) {
+          cur = div;
+          for (const tl of tls) if (tl) tl.setCurrent(div);
           const row = document.getElementById("cmp-step-" + div);
-          if (row) row.scrollIntoView({ block: "center" });
+          row.classList.add("current");
+          row.scrollIntoView({ block: "center" });
         }
+        V.onKey = function (e) {
+          if (e.key === "j") { select(cur + 1, true); return true; }
+          if (e.key === "k") { select(cur < 0 ? 0 : cur - 1, true); return true; }
+          if (e.key === "J") { go(1); return true; }
+          if (e.key === "K") { go(-1); return true; }
+          if (e.key === "c") { modeBtn.el.click(); return true; }
+          return false;
+        };
       });
     });
   }

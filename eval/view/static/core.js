@@ -57,25 +57,57 @@
     return h.startsWith("#") || /^https?:\/\//i.test(h) ? h : "#/";
   };
 
+  // Where q occurs in text, case-insensitively, as [start, end, "hit"] ranges (at most MAX_HITS of them).
+  V.MAX_HITS = 200;
+  V.findAll = function (text, q) {
+    const out = [];
+    if (!q || !text) return out;
+    const re = new RegExp(q.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"), "gi");
+    for (let m = re.exec(text); m && out.length < V.MAX_HITS; m = re.exec(text)) out.push([m.index, m.index + m[0].length, "hit"]);
+    return out;
+  };
+  // Text as nodes with [start, end, kind] ranges wrapped: "hit" in <mark class=hit>, "chg" in <span class=chg>.
+  V.decorate = function (text, ranges) {
+    if (!ranges.length) return [text];
+    const points = [0, text.length];
+    for (const r of ranges) points.push(r[0], r[1]);
+    const cuts = Array.from(new Set(points)).sort(function (a, b) { return a - b; });
+    const out = [];
+    for (let i = 0; i + 1 < cuts.length; i++) {
+      const a = cuts[i], b = cuts[i + 1], piece = text.slice(a, b);
+      let hit = false, chg = false;
+      for (const r of ranges) if (r[0] <= a && b <= r[1]) { if (r[2] === "hit") hit = true; else chg = true; }
+      out.push(hit ? V.el("mark", { className: "hit" + (chg ? " chg" : "") }, piece) : chg ? V.el("span", { className: "chg" }, piece) : piece);
+    }
+    return out;
+  };
+  // Text with the search q marked; an element holding the text, for <pre> and <code> alike.
+  V.marked = function (tag, attrs, text, q) {
+    text = text === null || text === undefined ? "" : String(text);
+    return V.el(tag, attrs, V.decorate(text, V.findAll(text, q)));
+  };
+
   // Long strings (a 1 MB line) are shown cut, with a button for the rest, so layout stays fast.
   V.SHOW_CHARS = 20000;
-  V.pre = function (text, className) {
+  V.pre = function (text, className, q) {
     text = text === null || text === undefined ? "" : String(text);
-    const p = V.el("pre", { className: className || "text" });
-    if (text.length <= V.SHOW_CHARS) { p.textContent = text; return p; }
-    p.textContent = text.slice(0, V.SHOW_CHARS);
+    const attrs = { className: className || "text" };
+    if (text.length <= V.SHOW_CHARS) return V.marked("pre", attrs, text, q);
+    const p = V.marked("pre", attrs, text.slice(0, V.SHOW_CHARS), q);
     const more = V.el("button", { type: "button", className: "more" },
       "show all " + text.length.toLocaleString() + " characters");
-    more.addEventListener("click", function () { p.textContent = text; });
+    more.addEventListener("click", function () { p.textContent = ""; V.append(p, V.decorate(text, V.findAll(text, q))); more.remove(); });
     return V.el("div", null, p, more);
   };
 
   // Collapsed <details> whose body is built only when first opened (messages can be large).
-  V.lazyDetails = function (summary, build, className) {
+  // open: built and opened at once (it holds a search match nothing else on the page shows).
+  V.lazyDetails = function (summary, build, className, open) {
     const d = V.el("details", { className: className || "" }, V.el("summary", null, summary));
     d.addEventListener("toggle", function () {
       if (d.open && !d.dataset.built) { d.dataset.built = "1"; V.append(d, build()); }
     });
+    if (open) { d.dataset.built = "1"; V.append(d, build()); d.open = true; }
     return d;
   };
 
@@ -154,6 +186,8 @@
     for (let j = 0; j < f.length; j++) s[f[j]] = row[j];
     return s;
   };
+  V.summaryOnly = "This run is a summary only: its folder holds summary.json but no episodes.jsonl or trajectories " +
+    "(a leaderboard submission may carry just its summary), so there are no episodes to list or compare; its per-task results are all there is.";
   V.outcomeBadge = function (outcome) { return V.el("span", { className: "badge " + outcome }, outcome); };
   // First step index where two action lists differ; -1 when identical.
   V.firstDivergence = function (a, b) {

@@ -1,75 +1,9 @@
 // crl-bench viewer: one episode, step by step (observation, action, reward, validity, progress and, for LLM
-// agents, the reply, the messages as sent, scored candidates, experience shown and searches).
+// agents, the reply, the messages as sent, scored candidates, experience shown and searches), under a sticky
+// bar with the episode's timeline, the compact/full toggle and a find box whose matches n/N step through.
 "use strict";
 (function () {
   const V = window.CRLVIEW;
-
-  function turnView(turn) {
-    const out = [];
-    const meta = ["method " + (turn.method || "?")];
-    if (turn.policy_version !== undefined) meta.push("policy v" + turn.policy_version);
-    if (turn.n_prompt_token_ids !== undefined) meta.push(turn.n_prompt_token_ids + " prompt tokens");
-    if (turn.n_token_ids !== undefined) meta.push(turn.n_token_ids + " reply tokens");
-    out.push(V.el("div", { className: "turn-meta" }, meta.join(" · ")));
-    if (Array.isArray(turn.candidates) && turn.candidates.length) {
-      const rows = turn.candidates.map(function (c, i) {
-        const p = typeof c.prob === "number" ? c.prob : null;
-        const bar = V.el("div", { className: "pbar" });
-        bar.style.width = p === null ? "0" : Math.max(0, Math.min(100, 100 * p)).toFixed(1) + "%";
-        return V.el("tr", { className: i === turn.chosen ? "chosen" : "" }, V.el("td", null, i === turn.chosen ? "▶" : ""),
-          V.el("td", null, V.el("code", null, String(c.text))), V.el("td", { className: "pcell" }, V.el("div", { className: "ptrack" }, bar)),
-          V.el("td", { className: "num" }, p === null ? "–" : p.toFixed(3)), V.el("td", { className: "num" }, V.fmt(c.logprob, 2)));
-      });
-      out.push(V.el("table", { className: "candidates" }, V.el("thead", null, V.el("tr", null, ["", "candidate", "", "prob", "log-prob"]
-        .map(function (h) { return V.el("th", null, h); }))), V.el("tbody", null, rows)));
-    }
-    if (Array.isArray(turn.experience_shown) && turn.experience_shown.length) {
-      out.push(V.lazyDetails("Experience shown (" + turn.experience_shown.length + ")", function () {
-        return turn.experience_shown.map(function (x) {
-          return V.el("div", { className: "exp" }, V.el("div", { className: "exp-title" }, "#" + String(x.id) + " " + String(x.title || "")), V.pre(x.content));
-        });
-      }, "experience"));
-    }
-    if (Array.isArray(turn.searches) && turn.searches.length) {
-      out.push(V.el("div", { className: "searches" }, turn.searches.map(function (q) {
-        return V.el("div", { className: "qa" }, V.el("div", null, V.el("b", null, "Q "), String(q.question)), V.el("div", null, V.el("b", null, "A "), V.pre(q.answer)));
-      })));
-    }
-    if (turn.reply) out.push(V.lazyDetails("Raw reply (" + String(turn.reply).length + " chars)", function () { return V.pre(turn.reply, "text reply"); }, "reply"));
-    if (Array.isArray(turn.messages) && turn.messages.length) {
-      out.push(V.lazyDetails("Messages as sent (" + turn.messages.length + ")", function () {
-        return turn.messages.map(function (m) {
-          return V.el("div", { className: "message" }, V.el("div", { className: "role" }, String(m.role)), V.pre(m.content));
-        });
-      }, "messages"));
-    }
-    return V.el("div", { className: "turn" }, out);
-  }
-
-  function stepView(s, t, data, q) {
-    const flags = [];
-    if (!s.valid) flags.push(V.el("span", { className: "badge invalid" }, "invalid"));
-    if (s.success) flags.push(V.el("span", { className: "badge success" }, "success"));
-    if (s.terminated) flags.push(V.el("span", { className: "badge" }, "terminated"));
-    if (s.truncated) flags.push(V.el("span", { className: "badge" }, "truncated"));
-    const turn = s.turn || {};
-    const hay = q ? (s.observation + "\n" + s.action + "\n" + (turn.reply || "")).toLowerCase() : "";
-    const sec = V.el("section", { className: "step" + (q && hay.includes(q) ? " match" : ""), id: "step-" + t, dataset: { t: t } },
-      V.el("div", { className: "step-head" }, V.el("a", { className: "t", href: "#" }, "step " + t), " ", flags,
-        V.el("span", { className: "spacer" }), V.el("span", { className: "kv", title: "after the action" }, "reward " + V.fmt(s.reward)),
-        V.el("span", { className: "kv", title: "after the action" }, "progress " + V.fmt(s.progress))),
-      // Read top to bottom: what the agent saw, then what it did.
-      V.pre(s.observation, "text observation"),
-      V.el("div", { className: "act" }, V.el("span", { className: "label" }, "→ action"), " ", V.el("code", { className: "action" }, s.action)));
-    if (s.adm !== null && s.adm !== undefined && data.adm[s.adm]) {
-      const adm = data.adm[s.adm];
-      sec.appendChild(adm.length > 12 ? V.lazyDetails("admissible actions (" + adm.length + ")", function () { return V.el("div", { className: "adm" }, adm.join(" · ")); })
-        : V.el("div", { className: "adm" }, "admissible: " + adm.join(" · ")));
-    }
-    if (s.turn) sec.appendChild(turnView(s.turn));
-    if (s.info) sec.appendChild(V.lazyDetails("info", function () { return V.pre(JSON.stringify(s.info, null, 2)); }, "info"));
-    return sec;
-  }
 
   V.renderEpisodeHeader = function (run, ep, data) {
     return V.el("div", { className: "ep-head" },
@@ -84,7 +18,7 @@
   V.pages.episode = function (params, root, current) {
     const run = V.run(params.get("run"));
     const env = params.get("task") || "", seed = params.get("seed"), sample = params.get("sample") || "0";
-    const q = (params.get("q") || "").toLowerCase();
+    let q = (params.get("q") || "").trim();
     V.setCrumbs([{ text: run.label, href: V.link("run", { run: run.id }) },
       { text: "Episodes", href: V.link("episodes", { run: run.id, q: q }) }, { text: V.shortTask(env) + " #" + seed }]);
     return V.index(run).then(function (idx) {
@@ -106,7 +40,7 @@
           V.el("button", { type: "button", id: "prev-ep", disabled: at <= 0, onclick: function () { go(-1); } }, "◀ previous episode (K)"),
           V.el("span", { className: "note" }, at < 0 ? "" : " " + (at + 1) + " of " + order.length + " "),
           V.el("button", { type: "button", id: "next-ep", disabled: at < 0 || at >= order.length - 1, onclick: function () { go(1); } }, "next episode (J) ▶"),
-          V.el("span", { className: "note" }, "  j/k: steps · ?: keys")));
+          V.el("span", { className: "note" }, "  j/k: steps · n/N: matches · ?: keys")));
         if (!data) {
           root.appendChild(V.el("p", { className: "note" }, "No trajectory was recorded for this episode (an older run, or written with --trajectories none): its summary is all there is."));
           V.onKey = function (e) {
@@ -117,40 +51,118 @@
           };
           return;
         }
-        const steps = data.steps.map(V.step);
-        const list = V.el("div", { className: "steps" }, steps.map(function (s, t) { return stepView(s, t, data, q); }));
-        list.appendChild(V.el("section", { className: "step final" }, V.el("div", { className: "step-head" }, "final observation"), V.pre(data.final, "text observation")));
-        root.appendChild(list);
-        let cur = -1;
-        function select(t, scroll) {
-          if (!steps.length) return;
-          t = Math.max(0, Math.min(steps.length - 1, t));
-          const old = list.querySelector(".step.current");
-          if (old) old.classList.remove("current");
-          const sec = document.getElementById("step-" + t);
-          sec.classList.add("current");
-          cur = t;
-          if (scroll) sec.scrollIntoView({ block: "start" });
-          V.replaceHash(V.link("episode", { run: run.id, task: env, seed: seed, sample: sample, step: t, q: q }));
-        }
-        list.addEventListener("click", function (e) {
-          const a = e.target.closest && e.target.closest("a.t");
-          if (!a) return;
-          e.preventDefault();
-          select(Number(a.parentNode.parentNode.dataset.t), false);
-        });
-        const want = params.get("step");
-        if (want !== null && want !== "" && !Number.isNaN(Number(want))) select(Number(want), true);
-        else if (q) { const m = list.querySelector(".step.match"); if (m) select(Number(m.dataset.t), true); }
-        V.onKey = function (e) {
-          if (e.key === "j") { select(cur + 1, true); return true; }
-          if (e.key === "k") { select(cur < 0 ? 0 : cur - 1, true); return true; }
-          if (e.key === "J") { go(1); return true; }
-          if (e.key === "K") { go(-1); return true; }
-          if (e.key === "/") { location.hash = V.link("episodes", { run: run.id, q: q, focus: 1 }); return true; }
-          return false;
-        };
+        showSteps(root, data, run, env, seed, sample, params, q, go);
       });
     });
   };
+
+  // The timeline, the tools (compact/full, find) and the steps of an episode with a trajectory.
+  function showSteps(root, data, run, env, seed, sample, params, q, go) {
+    const steps = data.steps.map(V.step);
+    const auto = steps.length >= V.COMPACT_FROM ? "compact" : "full";
+    let mode = params.get("view") === "full" || params.get("view") === "compact" ? params.get("view") : auto;
+    let cur = -1, hits = [], hitAt = -1;
+    const tl = V.timeline(steps, function (t) { select(t, true); }, "steps of this episode");
+    const modeBtn = V.modeButton(function () { return mode; }, function () { mode = mode === "compact" ? "full" : "compact"; draw(); });
+    const find = V.el("input", { id: "ep-find", type: "search", placeholder: "find in this episode (f)", "aria-label": "find in this episode" });
+    find.value = q;
+    const hitCount = V.el("span", { id: "hit-count", className: "note", "aria-live": "polite" });
+    const bar = V.el("div", { className: "stepbar" }, tl.el, V.el("div", { className: "tools" }, modeBtn.el, find, hitCount));
+    const list = V.el("div", { className: "steps" });
+    root.appendChild(bar);
+    root.appendChild(list);
+
+    function link() {
+      return V.link("episode", { run: run.id, task: env, seed: seed, sample: sample, step: cur < 0 ? null : cur, q: q,
+        view: mode === auto ? null : mode });
+    }
+    function stepView(s, t) {
+      const prev = mode === "compact" && t > 0 ? steps[t - 1].observation : null;
+      return V.el("section", { className: "step", id: "step-" + t, dataset: { t: t } },
+        V.el("div", { className: "step-head" }, V.el("a", { className: "t", href: "#" }, "step " + t), " ", V.stepFlags(s),
+          V.el("span", { className: "spacer" }), V.afterAction(s)),
+        V.stepBody(s, t, data.adm, q, prev));
+    }
+    function draw() {
+      list.textContent = "";
+      const frag = document.createDocumentFragment();
+      steps.forEach(function (s, t) { frag.appendChild(stepView(s, t)); });
+      const last = steps.length ? steps[steps.length - 1].observation : null;
+      frag.appendChild(V.el("section", { className: "step final", id: "step-final" }, V.el("div", { className: "step-head" }, "final observation (after the last action)"),
+        V.observation(data.final, q, mode === "compact" ? last : null, steps.length - 1)));
+      list.appendChild(frag);
+      hits = Array.from(list.querySelectorAll("mark.hit"));
+      hitAt = -1;
+      const withHits = new Set();
+      for (const h of hits) {
+        const sec = h.closest(".step");
+        if (sec && sec.dataset.t !== undefined) { withHits.add(Number(sec.dataset.t)); sec.classList.add("match"); }
+      }
+      tl.setHits(withHits);
+      hitCount.textContent = !q ? "" : hits.length ? hits.length + (hits.length >= V.MAX_HITS ? "+" : "") + " matches (n / N)" : "no match";
+      if (cur >= 0) { const t = cur; cur = -1; select(t, false); }
+      V.stickyOffset(bar);
+    }
+    function select(t, scroll) {
+      if (!steps.length) return;
+      t = Math.max(0, Math.min(steps.length - 1, t));
+      const old = list.querySelector(".step.current");
+      if (old) old.classList.remove("current");
+      const sec = document.getElementById("step-" + t);
+      sec.classList.add("current");
+      cur = t;
+      tl.setCurrent(t);
+      if (scroll) { V.stickyOffset(bar); sec.scrollIntoView({ block: "start" }); }
+      V.replaceHash(link());
+    }
+    // The next (d = 1) or previous (d = -1) search match; the first from the current step on, at first.
+    function nextHit(d) {
+      if (!hits.length) return;
+      if (hitAt < 0 && cur >= 0) {
+        const from = hits.findIndex(function (h) { const sec = h.closest(".step"); return !sec.dataset.t || Number(sec.dataset.t) >= cur; });
+        hitAt = d > 0 ? (from < 0 ? 0 : from) : (from <= 0 ? hits.length - 1 : from - 1);
+      } else hitAt = hitAt < 0 ? (d > 0 ? 0 : hits.length - 1) : (hitAt + d + hits.length) % hits.length;
+      for (const h of list.querySelectorAll("mark.current")) h.classList.remove("current");
+      const h = hits[hitAt];
+      h.classList.add("current");
+      const sec = h.closest(".step");
+      if (sec.dataset.t !== undefined) select(Number(sec.dataset.t), false);
+      V.stickyOffset(bar);
+      h.scrollIntoView({ block: "center" });
+      hitCount.textContent = "match " + (hitAt + 1) + " of " + hits.length + " (n / N)";
+    }
+    list.addEventListener("click", function (e) {
+      const a = e.target.closest && e.target.closest("a.t");
+      if (!a) return;
+      e.preventDefault();
+      select(Number(a.closest(".step").dataset.t), false);
+    });
+    let timer = 0;
+    find.addEventListener("input", function () {
+      clearTimeout(timer);
+      timer = setTimeout(function () { q = find.value.trim(); draw(); V.replaceHash(link()); }, 200);
+    });
+    find.addEventListener("keydown", function (e) {
+      if (e.key !== "Enter") return;
+      clearTimeout(timer);
+      if (find.value.trim() !== q) { q = find.value.trim(); draw(); }
+      nextHit(e.shiftKey ? -1 : 1);
+    });
+    draw();
+    const want = params.get("step");
+    if (want !== null && want !== "" && !Number.isNaN(Number(want))) select(Number(want), true);
+    else if (q) nextHit(1);
+    V.onKey = function (e) {
+      if (e.key === "j") { select(cur + 1, true); return true; }
+      if (e.key === "k") { select(cur < 0 ? 0 : cur - 1, true); return true; }
+      if (e.key === "J") { go(1); return true; }
+      if (e.key === "K") { go(-1); return true; }
+      if (e.key === "n") { nextHit(1); return true; }
+      if (e.key === "N") { nextHit(-1); return true; }
+      if (e.key === "c") { modeBtn.el.click(); return true; }
+      if (e.key === "f") { find.focus(); find.select(); return true; }
+      if (e.key === "/") { location.hash = V.link("episodes", { run: run.id, q: q, focus: 1 }); return true; }
+      return false;
+    };
+  }
 })();

@@ -29,6 +29,11 @@
     const run = V.run(params.get("run"));
     V.setCrumbs([{ text: run.label, href: V.link("run", { run: run.id }) }, { text: "Episodes" }]);
     document.title = "Episodes · " + run.label;
+    if (!run.episodes) {
+      root.appendChild(V.el("h1", null, "Episodes of " + run.label));
+      root.appendChild(V.el("p", { className: "note", id: "summary-only" }, V.summaryOnly));
+      return null;
+    }
     const f = { task: params.get("task") || "", outcome: params.get("outcome") || "", min: params.get("min") || "",
       max: params.get("max") || "", q: params.get("q") || "", sort: params.get("sort") || "", dir: params.get("dir") || "" };
     const taskSel = V.el("select", { id: "f-task", "aria-label": "task" }, V.el("option", { value: "" }, "all tasks"),

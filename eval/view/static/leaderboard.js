@@ -3,17 +3,20 @@
 (function () {
   const V = window.CRLVIEW;
 
-  // Columns: [label, value for sorting, cell content].
+  // Columns: [label, value for sorting, cell content, header tooltip, header class]. A name shows its short
+  // display form, a model its start; both in full on hover.
   function columns(group) {
     const cols = [
       ["rank", function (e) { return e.rank; }, function (e) { return e.rank; }],
       ["name", function (e) { return e.name.toLowerCase(); }, function (e) {
-        const cell = [e.run ? V.el("a", { href: V.link("run", { run: e.run }), className: "run-link" }, e.name) : e.name];
+        const label = e.display || e.name;
+        const cell = [e.run ? V.el("a", { href: V.link("run", { run: e.run }), className: "run-link lb-name", title: e.name }, label)
+          : V.el("span", { className: "lb-name", title: e.name }, label)];
         if (/^https?:\/\//i.test(e.url || "")) cell.push(" ", V.el("a", { href: e.url, rel: "noopener noreferrer", className: "ext" }, "source"));
         return cell;
       }],
       ["agent", function (e) { return e.agent; }, function (e) { return e.agent; }],
-      ["model", function (e) { return e.model; }, function (e) { return e.model; }],
+      ["model", function (e) { return e.model; }, function (e) { return V.el("span", { className: "lb-model", title: e.model }, e.model); }],
       ["step cap", function (e) { return e.step_cap === null ? Infinity : e.step_cap; }, function (e) { return e.step_cap === null ? "env" : e.step_cap; }],
       ["macro success %", function (e) { return e.success; }, function (e) { return V.pct(e.success) + " ± " + V.pct(e.success_se); }],
       ["progress %", function (e) { return e.progress; }, function (e) { return V.pct(e.progress); }],
@@ -21,8 +24,8 @@
     for (const env of group.tasks) {
       cols.push([V.shortTask(env), function (e) { const t = e.tasks[env]; return t ? t.success : -1; }, function (e) {
         const t = e.tasks[env];
-        return t ? V.pct(t.success) + " ± " + V.pct(t.success_se) + " (n=" + t.episodes + ")" : "–";
-      }, env]);
+        return t ? [V.pct(t.success) + " ± " + V.pct(t.success_se) + " ", V.el("span", { className: "n" }, "n=" + t.episodes)] : "–";
+      }, env, "task"]);
     }
     cols.push(["verified", function (e) { return e.verified ? 1 : 0; }, function (e) { return e.verified ? "yes" : "no"; }]);
     cols.push(["date", function (e) { return e.date; }, function (e) { return e.date; }]);
@@ -69,7 +72,7 @@
           });
         }
         const head = V.el("tr", null, cols.map(function (c) {
-          const th = V.el("th", { title: c[3] || c[0], "aria-sort": c[0] === state.sort ? (state.dir === "asc" ? "ascending" : "descending") : "none" },
+          const th = V.el("th", { title: c[3] || c[0], className: c[4], "aria-sort": c[0] === state.sort ? (state.dir === "asc" ? "ascending" : "descending") : "none" },
             V.el("button", { type: "button", className: "sort" }, c[0]));
           th.firstChild.addEventListener("click", function () {
             state.dir = state.sort === c[0] && state.dir === "desc" ? "asc" : "desc";

@@ -41,24 +41,33 @@
     if (page === "run" && !r.params.get("run") && V.site().runs.length) r.params.set("run", V.site().runs[0].id);
     const fn = V.pages[page];
     V.onKey = null;
+    V.setCrumbs([]); // each page sets its own; none may outlive the page that set them
     const root = V.el("div", { className: "page page-" + page });
     app.textContent = "";
     app.appendChild(root);
-    if (!fn) { root.appendChild(V.el("p", { className: "error" }, "Unknown page " + JSON.stringify(page) + ". ")); return; }
+    if (!fn) { showError(root, "Unknown page " + JSON.stringify(page) + "."); return; }
     let result;
     try { result = fn(r.params, root, function () { return id === renderId; }); }
     catch (e) { showError(root, e); return; }
     if (result && result.catch) result.catch(function (e) { if (id === renderId) showError(root, e); });
   }
+  // An error replaces whatever the page had drawn, crumbs included: they would name what failed to open.
   function showError(root, e) {
+    V.setCrumbs([{ text: "Error" }]);
+    document.title = "Error · crl-bench";
+    root.textContent = "";
     root.appendChild(V.el("p", { className: "error" }, String(e && e.message ? e.message : e)));
+    root.appendChild(V.el("p", null, V.el("a", { href: "#/" }, "Back to the start page")));
   }
 
   // Help overlay (?), closed with Escape or a click outside.
   const help = V.el("div", { id: "help", className: "overlay", hidden: true },
     V.el("div", { className: "dialog", role: "dialog", "aria-label": "Keyboard shortcuts" },
       V.el("h2", null, "Keys"),
-      V.el("dl", null, [["j / k", "next / previous step"], ["J / K", "next / previous episode (in the list's order)"],
+      V.el("dl", null, [["j / k", "next / previous step (episode, compare; the episode list: row)"],
+        ["J / K", "next / previous episode (in the list's order; in compare, the next task/seed pair)"],
+        ["n / N", "next / previous search match in the episode"], ["f", "find in this episode"],
+        ["c", "compact (repeated lines folded, changes marked) or full text"],
         ["/", "search episodes"], ["?", "this help"], ["Esc", "close help, leave the search box"]]
         .map(function (kv) { return [V.el("dt", null, V.el("kbd", null, kv[0])), V.el("dd", null, kv[1])]; }))));
   document.body.appendChild(help);

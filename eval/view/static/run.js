@@ -33,10 +33,12 @@
     const agent = s.agent || {};
     root.appendChild(V.el("p", { className: "meta" }, "agent " + (agent.name || "?") + (model(s) ? " · model " + model(s) : "") +
       " · created " + (s.created || "?") + " · git " + (s.git_sha || "n/a") + " · summary schema " + (s.schema_version || "?")));
-    root.appendChild(V.el("p", { className: "actions" },
+    // A summary-only run (a leaderboard submission of summary.json alone) offers no lists it could not fill.
+    root.appendChild(run.episodes ? V.el("p", { className: "actions" },
       V.el("a", { className: "button", href: V.link("episodes", { run: run.id }) }, "Episodes (" + run.episodes + ")"),
-      run.trajectories ? null : V.el("span", { className: "note" }, " This run has no trajectories: summaries only."),
-      V.site().runs.length > 1 ? V.el("a", { className: "button", href: V.link("compare", { a: run.id }) }, "Compare with another run") : null));
+      run.trajectories ? null : V.el("span", { className: "note" }, " This run has no trajectories: each episode's summary only."),
+      V.site().runs.length > 1 ? V.el("a", { className: "button", href: V.link("compare", { a: run.id }) }, "Compare with another run") : null)
+      : V.el("p", { className: "note", id: "summary-only" }, V.summaryOnly));
     const tasks = s.tasks || {};
     const passK = Object.keys(tasks).some(function (e) { return tasks[e].pass_at_k && Object.keys(tasks[e].pass_at_k).length; });
     const head = ["task", "episodes", "success % ± SE", "progress % ± SE", "mean actions", "invalid", "tokens in / out",
@@ -45,7 +47,7 @@
     for (const env of Object.keys(tasks)) {
       const t = tasks[env], extra = t.extra || {};
       body.appendChild(V.el("tr", null,
-        V.el("td", null, V.el("a", { href: V.link("episodes", { run: run.id, task: env }) }, env)),
+        V.el("td", null, run.episodes ? V.el("a", { href: V.link("episodes", { run: run.id, task: env }) }, env) : env),
         V.el("td", { className: "num" }, t.episodes), V.el("td", { className: "num" }, V.pct(t.success) + " ± " + V.pct(t.success_se)),
         V.el("td", { className: "num" }, V.pct(t.progress) + " ± " + V.pct(t.progress_se)),
         V.el("td", { className: "num" }, V.fmt(t.mean_actions, 1)), V.el("td", { className: "num" }, V.fmt(t.mean_invalid_actions, 1)),
@@ -68,7 +70,7 @@
     else {
       root.appendChild(V.el("p", { className: "note" }, "Errored episodes count as failures."));
       root.appendChild(V.el("ul", { className: "errors" }, errors.slice(0, 500).map(function (e) {
-        return V.el("li", null, V.el("a", { href: V.link("episode", { run: run.id, task: e.env_id, seed: e.seed, sample: e.sample || 0 }) }, String(e.key)),
+        return V.el("li", null, run.episodes ? V.el("a", { href: V.link("episode", { run: run.id, task: e.env_id, seed: e.seed, sample: e.sample || 0 }) }, String(e.key)) : String(e.key),
           ": ", V.el("code", null, String(e.error)));
       }), errors.length > 500 ? V.el("li", null, "… and " + (errors.length - 500) + " more (filter the episode list by errored)") : null));
     }

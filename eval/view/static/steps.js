@@ -1,0 +1,279 @@
+// crl-bench viewer: a step as the episode page and compare both draw it, and an episode's timeline strip.
+// A step reads top to bottom: the observation the agent saw (whole, or compact: the lines repeated from the
+// previous step folded, what changed marked), then the action, then for LLM agents the turn. Its head says
+// what the action led to: reward and progress are the env's answer to that step's action.
+"use strict";
+(function () {
+  const V = window.CRLVIEW;
+  V.COMPACT_FROM = 20; // episodes of at least this many steps open in compact mode
+  const ALIGN_CELLS = 40000; // observations of more lines than this (lines x lines) are shown whole
+
+  // A map row: something drawn, with no word in it (a monster is one letter, a message has words).
+  function isMapRow(line) { return line.trim().length >= 2 && !/[A-Za-z]{3}/.test(line); }
+
+  // For each line of cur, the line of prev it stands for, or -1: the same position when both have as many
+  // lines (a game screen), else a longest common subsequence with the lines between anchors paired in order.
+  function align(prev, cur) {
+    const pair = new Array(cur.length).fill(-1);
+    if (prev.length === cur.length) { for (let i = 0; i < cur.length; i++) pair[i] = i; return pair; }
+    const n = prev.length, m = cur.length;
+    if (n * m > ALIGN_CELLS) return null;
+    const L = [];
+    for (let i = 0; i <= n; i++) L.push(new Uint16Array(m + 1));
+    for (let i = n - 1; i >= 0; i--) for (let j = m - 1; j >= 0; j--) {
+      L[i][j] = prev[i] === cur[j] ? L[i + 1][j + 1] + 1 : Math.max(L[i + 1][j], L[i][j + 1]);
+    }
+    let i = 0, j = 0, gapP = [], gapC = [];
+    function flush() {
+      for (let k = 0; k < gapC.length && k < gapP.length; k++) pair[gapC[k]] = gapP[k];
+      gapP = []; gapC = [];
+    }
+    while (i < n && j < m) {
+      if (prev[i] === cur[j]) { flush(); pair[j] = i; i++; j++; }
+      else if (L[i + 1][j] >= L[i][j + 1]) gapP.push(i++);
+      else gapC.push(j++);
+    }
+    while (j < m) gapC.push(j++);
+    while (i < n) gapP.push(i++);
+    flush();
+    return pair;
+  }
+
+  // What changed from line a to line b, as ranges of b: each differing cell of a map row of equal width,
+  // else the span between the common start and end.
+  function changes(a, b, mapRow) {
+    if (a === undefined) return b.length ? [[0, b.length, "chg"]] : [];
+    if (a === b) return [];
+    const out = [];
+    if (mapRow && a.length === b.length) {
+      for (let k = 0; k < b.length; k++) {
+        if (a[k] === b[k]) continue;
+        const last = out[out.length - 1];
+        if (last && last[1] === k) last[1] = k + 1; else out.push([k, k + 1, "chg"]);
+      }
+      return out;
+    }
+    let p = 0, s = 0;
+    while (p < a.length && p < b.length && a[p] === b[p]) p++;
+    while (s < a.length - p && s < b.length - p && a[a.length - 1 - s] === b[b.length - 1 - s]) s++;
+    return b.length - s > p ? [[p, b.length - s, "chg"]] : [];
+  }
+
+  function foldLabel(lines, mapRows) {
+    const names = [];
+    lines.forEach(function (l, k) {
+      const m = /^\s*([^:]{1,24}):/.exec(l);
+      const name = mapRows[k] ? "map" : m ? m[1].trim() : l.trim().slice(0, 16) + (l.trim().length > 16 ? "…" : "");
+      if (name && names[names.length - 1] !== name) names.push(name);
+    });
+    const text = names.join(", ");
+    return text.length > 90 ? text.slice(0, 89) + "…" : text;
+  }
+
+  // An observation, whole (prev null) or compact against the previous step's observation prev: lines as they
+  // were folded into a button that unfolds them (a map only when none of its rows changed), changes marked.
+  V.observation = function (text, q, prev, prevT) {
+    text = text === null || text === undefined ? "" : String(text);
+    if (prev === null || prev === undefined || text.length > V.SHOW_CHARS || String(prev).length > V.SHOW_CHARS) {
+      return V.pre(text, "text observation", q);
+    }
+    const cur = text.split("\n"), old = String(prev).split("\n");
+    const pair = align(old, cur);
+    if (!pair) return V.pre(text, "text observation", q);
+    const map = cur.map(isMapRow);
+    const hits = cur.map(function (l) { return V.findAll(l, q); });
+    const chg = cur.map(function (l, i) { return changes(pair[i] < 0 ? undefined : old[pair[i]], l, map[i]); });
+    const show = cur.map(function (l, i) { return pair[i] < 0 || old[pair[i]] !== l || hits[i].length > 0; });
+    for (let i = 0; i < cur.length;) { // a map shows whole when any of its rows does, with its "Map:" title
+      let j = i;
+      while (j < cur.length && map[j]) j++;
+      if (j - i >= 2 && show.slice(i, j).some(Boolean)) {
+        for (let k = i; k < j; k++) show[k] = true;
+        if (i > 0 && /:\s*$/.test(cur[i - 1])) show[i - 1] = true;
+      }
+      i = Math.max(j, i + 1);
+    }
+    const pre = V.el("pre", { className: "text observation compact" });
+    let fold = [];
+    function flushFold(last) {
+      if (!fold.length) return;
+      const lines = fold.map(function (i) { return cur[i]; });
+      const what = fold.length === cur.length ? "all " + fold.length + " lines as in step " + prevT
+        : fold.length + (fold.length === 1 ? " line" : " lines") + " as in step " + prevT + ": " + foldLabel(lines, fold.map(function (i) { return map[i]; }));
+      const b = V.el("button", { type: "button", className: "fold", title: lines.join("\n").slice(0, 2000) }, "⋯ " + what);
+      b.addEventListener("click", function () { b.replaceWith(document.createTextNode(lines.join("\n"))); });
+      V.append(pre, [b, last ? null : "\n"]);
+      fold = [];
+    }
+    cur.forEach(function (l, i) {
+      const last = i === cur.length - 1;
+      if (!show[i]) { fold.push(i); if (last) flushFold(true); return; }
+      flushFold(false);
+      V.append(pre, V.decorate(l, hits[i].concat(chg[i])));
+      if (!last) V.append(pre, "\n");
+    });
+    return pre;
+  };
+
+  V.chosenProb = function (s) {
+    const turn = s.turn;
+    if (!turn || !Array.isArray(turn.candidates)) return null;
+    const c = turn.candidates[turn.chosen];
+    return c && typeof c.prob === "number" ? c.prob : null;
+  };
+
+  function has(text, q) { return !!q && String(text === null || text === undefined ? "" : text).toLowerCase().includes(q.toLowerCase()); }
+
+  // An LLM turn: meta, scored candidates, searches, then (collapsed) experience shown, raw reply and messages.
+  // A collapsed panel holding the search q opens when nothing shown already holds it (hitShown).
+  function turnView(turn, q, hitShown) {
+    const out = [];
+    const meta = ["method " + (turn.method || "?")];
+    if (turn.policy_version !== undefined) meta.push("policy v" + turn.policy_version);
+    if (typeof turn.temperature === "number") meta.push("temperature " + V.fmt(turn.temperature));
+    if (turn.score_norm) meta.push("score " + turn.score_norm);
+    if (typeof turn.action_logprob === "number") meta.push("log p(action) " + V.fmt(turn.action_logprob, 3));
+    if (turn.n_prompt_token_ids !== undefined) meta.push(turn.n_prompt_token_ids + " prompt tokens");
+    if (turn.n_token_ids !== undefined) meta.push(turn.n_token_ids + " reply tokens");
+    out.push(V.el("div", { className: "turn-meta" }, meta.join(" · ")));
+    const cands = Array.isArray(turn.candidates) ? turn.candidates : [];
+    const searches = Array.isArray(turn.searches) ? turn.searches : [];
+    if (cands.length) {
+      const rows = cands.map(function (c, i) {
+        const p = typeof c.prob === "number" ? c.prob : null;
+        const bar = V.el("div", { className: "pbar" });
+        bar.style.width = p === null ? "0" : Math.max(0, Math.min(100, 100 * p)).toFixed(1) + "%";
+        return V.el("tr", { className: i === turn.chosen ? "chosen" : "" }, V.el("td", null, i === turn.chosen ? "▶" : ""),
+          V.el("td", null, V.marked("code", null, String(c.text), q)), V.el("td", { className: "pcell" }, V.el("div", { className: "ptrack" }, bar)),
+          V.el("td", { className: "num" }, p === null ? "–" : p > 0 && p < 0.001 ? p.toExponential(1) : p.toFixed(3)), V.el("td", { className: "num" }, V.fmt(c.logprob, 2)));
+      });
+      out.push(V.el("table", { className: "candidates" }, V.el("thead", null, V.el("tr", null, ["", "candidate", "", "prob", "log-prob"]
+        .map(function (h) { return V.el("th", null, h); }))), V.el("tbody", null, rows)));
+    }
+    if (searches.length) {
+      out.push(V.el("div", { className: "searches" }, searches.map(function (x) {
+        return V.el("div", { className: "qa" }, V.el("div", null, V.el("b", null, "Q "), V.marked("span", null, String(x.question), q)),
+          V.el("div", null, V.el("b", null, "A "), V.pre(x.answer, "text", q)));
+      })));
+    }
+    hitShown = hitShown || cands.some(function (c) { return has(c.text, q); }) ||
+      searches.some(function (x) { return has(x.question, q) || has(x.answer, q); });
+    const exp = Array.isArray(turn.experience_shown) ? turn.experience_shown : [];
+    const msgs = Array.isArray(turn.messages) ? turn.messages : [];
+    const panels = [
+      exp.length && ["Experience shown (" + exp.length + ")", "experience", exp.some(function (x) { return has(x.title, q) || has(x.content, q); }), function () {
+        return exp.map(function (x) {
+          return V.el("div", { className: "exp" }, V.marked("div", { className: "exp-title" }, "#" + String(x.id) + " " + String(x.title || ""), q), V.pre(x.content, "text", q));
+        });
+      }],
+      turn.reply && ["Raw reply (" + String(turn.reply).length + " chars)", "reply", has(turn.reply, q), function () { return V.pre(turn.reply, "text reply", q); }],
+      msgs.length && ["Messages as sent (" + msgs.length + ")", "messages", msgs.some(function (m) { return has(m.content, q); }), function () {
+        return msgs.map(function (m) { return V.el("div", { className: "message" }, V.el("div", { className: "role" }, String(m.role)), V.pre(m.content, "text", q)); });
+      }],
+    ];
+    for (const p of panels) {
+      if (!p) continue;
+      const open = p[2] && !hitShown;
+      if (open) hitShown = true;
+      out.push(V.lazyDetails(p[0] + (p[2] ? " · holds the search" : ""), p[3], p[1], open));
+    }
+    return V.el("div", { className: "turn" }, out);
+  }
+
+  V.stepFlags = function (s) {
+    const flags = [];
+    if (!s.valid) flags.push(V.el("span", { className: "badge invalid" }, "invalid"));
+    if (s.success) flags.push(V.el("span", { className: "badge success" }, "success"));
+    if (s.terminated) flags.push(V.el("span", { className: "badge" }, "terminated"));
+    if (s.truncated) flags.push(V.el("span", { className: "badge" }, "truncated"));
+    return flags;
+  };
+  V.afterAction = function (s) {
+    return V.el("span", { className: "after", title: "the env's answer to this step's action (the observation above is from before it)" },
+      "after the action: reward " + V.fmt(s.reward) + " · progress " + V.fmt(s.progress));
+  };
+
+  // The body of step s at t: observation (compact against prev when prev is given), action, admissible
+  // actions, the LLM turn and the rest of info. adm is the episode's table of admissible-action lists.
+  V.stepBody = function (s, t, adm, q, prev) {
+    const out = [V.observation(s.observation, q, prev, t - 1),
+      V.el("div", { className: "act" }, V.el("span", { className: "label" }, "→ action"), " ", V.marked("code", { className: "action" }, s.action, q))];
+    const list = s.adm !== null && s.adm !== undefined ? adm[s.adm] : null;
+    if (list) {
+      out.push(list.length > 12 ? V.lazyDetails("admissible actions (" + list.length + ")", function () { return V.marked("div", { className: "adm" }, list.join(" · "), q); })
+        : V.marked("div", { className: "adm" }, "admissible: " + list.join(" · "), q));
+    }
+    if (s.turn) out.push(turnView(s.turn, q, has(s.observation, q) || has(s.action, q) || (!!list && list.length <= 12 && has(list.join(" · "), q))));
+    if (s.info) out.push(V.lazyDetails("info", function () { return V.pre(JSON.stringify(s.info, null, 2)); }, "info"));
+    return out;
+  };
+
+  const KIND_WORDS = { invalid: "invalid action", success: "solved", reward: "reward", penalty: "negative reward",
+    progress: "progress up", setback: "progress down", plain: "no change in reward or progress" };
+  // before: the progress after the previous step (null at step 0: the progress at reset is not recorded).
+  function markKind(s, before) {
+    if (!s.valid) return "invalid";
+    if (s.success) return "success";
+    if (typeof s.reward === "number" && s.reward > 0) return "reward";
+    if (typeof s.reward === "number" && s.reward < 0) return "penalty";
+    if (typeof s.progress === "number" && typeof before === "number" && s.progress > before) return "progress";
+    if (typeof s.progress === "number" && typeof before === "number" && s.progress < before) return "setback";
+    return "plain";
+  }
+
+  // The strip of an episode's steps: one mark per step, coloured by what its action led to and, for an LLM
+  // agent that scored candidates, as tall as the probability it gave the action it chose. A click calls
+  // pick(t). Returns {el, setCurrent(t), setHits(steps with a search match), marks}.
+  V.timeline = function (steps, pick, label) {
+    const strip = V.el("div", { className: "timeline" + (steps.length > 300 ? " dense" : ""), "data-role": "timeline", role: "group", "aria-label": label });
+    let before = null, anyProb = false;
+    const marks = steps.map(function (s, t) {
+      const kind = markKind(s, before);
+      before = s.progress;
+      const p = V.chosenProb(s);
+      const fill = V.el("span", { className: "fill" });
+      const data = { t: t, kind: kind };
+      if (p !== null) { anyProb = true; data.p = p.toFixed(4); fill.style.height = Math.max(12, Math.round(100 * p)) + "%"; }
+      return V.el("button", { type: "button", className: "mark " + kind, dataset: data, "aria-label": "step " + t,
+        title: "step " + t + ": " + String(s.action).slice(0, 200) + "\n" + KIND_WORDS[kind] + " · reward " + V.fmt(s.reward) +
+          " · progress " + V.fmt(s.progress) + (p === null ? "" : " · p(chosen) " + p.toFixed(3)) }, fill);
+    });
+    V.append(strip, marks);
+    strip.addEventListener("click", function (e) {
+      const m = e.target.closest && e.target.closest(".mark");
+      if (m) pick(Number(m.dataset.t));
+    });
+    const kinds = Array.from(new Set(marks.map(function (m) { return m.dataset.kind; })));
+    const legend = V.el("div", { className: "tl-legend" }, kinds.map(function (k) {
+      return V.el("span", null, V.el("span", { className: "swatch " + k }), KIND_WORDS[k]);
+    }), anyProb ? V.el("span", null, "height: probability of the chosen action") : null);
+    let current = null;
+    return {
+      el: V.el("div", { className: "tl" }, strip, legend), marks: marks,
+      setCurrent: function (t) {
+        if (current) current.classList.remove("current");
+        current = marks[t] || null;
+        if (current) current.classList.add("current");
+      },
+      setHits: function (ts) {
+        marks.forEach(function (m, t) { m.classList.toggle("has-hit", ts.has(t)); });
+      },
+    };
+  };
+
+  // Keep sticky bars from covering what a jump scrolls to: steps scroll to just below the header and bar.
+  V.stickyOffset = function (bar) {
+    const head = document.getElementById("top").offsetHeight, style = document.documentElement.style;
+    style.setProperty("--head-h", head + "px");
+    style.setProperty("--sticky-h", head + (bar ? bar.offsetHeight : 0) + 8 + "px");
+  };
+
+  // The compact/full toggle button; mode() is "compact" or "full", toggle() switches it.
+  V.modeButton = function (mode, toggle) {
+    const b = V.el("button", { type: "button", id: "view-mode", title: "c: compact (repeated lines folded, changes marked) or the full text" });
+    function label() { b.textContent = mode() === "compact" ? "show full text (c)" : "compact: fold repeated lines (c)"; }
+    b.addEventListener("click", function () { toggle(); label(); });
+    label();
+    return { el: b, refresh: label };
+  };
+})();
