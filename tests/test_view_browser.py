@@ -314,8 +314,7 @@ def test_hostile_text_shows_literally_and_nothing_executes(watched, site, output
     pages = ["#/run?run=hostile", "#/episodes?run=hostile",
              "#/episode?run=hostile&task=crl/Sokoban-6x6-2-v0&seed=0&step=1",
              "#/episode?run=hostile&task=crl/Sokoban-6x6-2-v0&seed=1",
-             "#/compare?a=hostile&b=llm&task=crl/Sokoban-6x6-2-v0&seed=0",
-             "#/episode?run=hostile&task=crl/Sokoban-6x6-2-v0&seed=1&view=compact&q=%3Cscript%3E"]
+             "#/compare?a=hostile&b=llm&task=crl/Sokoban-6x6-2-v0&seed=0"]
     for h in pages:
         _open(page, site, h)
         page.wait_for_selector("main .page > *")
@@ -326,12 +325,13 @@ def test_hostile_text_shows_literally_and_nothing_executes(watched, site, output
         assert page.locator("main img, main svg, main iframe, main script").count() == 0, h
         hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
         assert all(h.startswith(("#", "http://", "https://")) for h in hrefs), hrefs
-    assert set(page.locator("mark.hit").all_inner_texts()) == {"<script>"}  # matches marked as text
-    _open(page, site, pages[3])
-    page.wait_for_selector(".step")
     text = page.inner_text("main")
     for h in F.HOSTILE[:6]:
         assert h in text
+    _open(page, site, "#/episode?run=hostile&task=crl/Sokoban-6x6-2-v0&seed=1&view=compact&q=%3Cscript%3E")
+    page.wait_for_selector("mark.hit")
+    assert set(page.locator("mark.hit").all_inner_texts()) == {"<script>"}  # matches marked, as text
+    assert page.evaluate("window.__pwned") is None and page.locator("main img, main svg, main script").count() == 0
     _open(page, site, pages[2])
     page.wait_for_selector(".step.current")
     info = page.locator("#step-0 details.info")

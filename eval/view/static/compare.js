@@ -112,7 +112,7 @@
     if (!s) return V.el("div", { className: "side missing" });
     return V.el("div", { className: "side" + (diverge ? " diverge" : "") },
       V.el("div", { className: "step-head" }, V.stepFlags(s), V.el("span", { className: "spacer" }), V.afterAction(s)),
-      V.stepBody(s, t, data.adm, q, mode === "compact" && t > 0 ? steps[t - 1].observation : null));
+      V.stepBody(s, t, data.adm, q, mode === "compact" && t > 0 ? steps[t - 1] : null));
   }
 
   function sideLabel(letter, run, ep, env, seed, sample) {
@@ -152,7 +152,7 @@
         const lines = [];
         function pick(t) { select(t, true); }
         const tls = [[sa, "A", ra, ea], [sb, "B", rb, eb]].map(function (x) {
-          const tl = x[0].length ? V.timeline(x[0], pick, "steps of run " + x[1]) : null;
+          const tl = x[0].length ? V.timeline(x[0], pick, "steps of run " + x[1], Math.max(sa.length, sb.length)) : null;
           if (tl && div !== null && div >= 0 && tl.marks[div]) tl.marks[div].classList.add("diverge");
           lines.push(sideLabel(x[1], x[2], x[3], env, seed, sample), tl ? tl.el : V.el("div", { className: "note" }, "no steps"));
           return tl;

@@ -77,11 +77,11 @@
         view: mode === auto ? null : mode });
     }
     function stepView(s, t) {
-      const prev = mode === "compact" && t > 0 ? steps[t - 1].observation : null;
+      const before = mode === "compact" && t > 0 ? steps[t - 1] : null;
       return V.el("section", { className: "step", id: "step-" + t, dataset: { t: t } },
         V.el("div", { className: "step-head" }, V.el("a", { className: "t", href: "#" }, "step " + t), " ", V.stepFlags(s),
           V.el("span", { className: "spacer" }), V.afterAction(s)),
-        V.stepBody(s, t, data.adm, q, prev));
+        V.stepBody(s, t, data.adm, q, before));
     }
     function draw() {
       list.textContent = "";

@@ -70,8 +70,9 @@
     return text.length > 90 ? text.slice(0, 89) + "…" : text;
   }
 
-  // An observation, whole (prev null) or compact against the previous step's observation prev: lines as they
-  // were folded into a button that unfolds them (a map only when none of its rows changed), changes marked.
+  // An observation, whole (prev null) or compact against the previous step's observation prev: the lines as
+  // they were are folded into one button above the rest (a map folds only when none of its rows changed);
+  // the button unfolds them in place. What changed is marked either way.
   V.observation = function (text, q, prev, prevT) {
     text = text === null || text === undefined ? "" : String(text);
     if (prev === null || prev === undefined || text.length > V.SHOW_CHARS || String(prev).length > V.SHOW_CHARS) {
@@ -81,9 +82,8 @@
     const pair = align(old, cur);
     if (!pair) return V.pre(text, "text observation", q);
     const map = cur.map(isMapRow);
-    const hits = cur.map(function (l) { return V.findAll(l, q); });
-    const chg = cur.map(function (l, i) { return changes(pair[i] < 0 ? undefined : old[pair[i]], l, map[i]); });
-    const show = cur.map(function (l, i) { return pair[i] < 0 || old[pair[i]] !== l || hits[i].length > 0; });
+    const marks = cur.map(function (l, i) { return V.findAll(l, q).concat(changes(pair[i] < 0 ? undefined : old[pair[i]], l, map[i])); });
+    const show = cur.map(function (l, i) { return pair[i] < 0 || old[pair[i]] !== l || marks[i].length > 0; });
     for (let i = 0; i < cur.length;) { // a map shows whole when any of its rows does, with its "Map:" title
       let j = i;
       while (j < cur.length && map[j]) j++;
@@ -94,24 +94,22 @@
       i = Math.max(j, i + 1);
     }
     const pre = V.el("pre", { className: "text observation compact" });
-    let fold = [];
-    function flushFold(last) {
-      if (!fold.length) return;
-      const lines = fold.map(function (i) { return cur[i]; });
-      const what = fold.length === cur.length ? "all " + fold.length + " lines as in step " + prevT
-        : fold.length + (fold.length === 1 ? " line" : " lines") + " as in step " + prevT + ": " + foldLabel(lines, fold.map(function (i) { return map[i]; }));
-      const b = V.el("button", { type: "button", className: "fold", title: lines.join("\n").slice(0, 2000) }, "⋯ " + what);
-      b.addEventListener("click", function () { b.replaceWith(document.createTextNode(lines.join("\n"))); });
-      V.append(pre, [b, last ? null : "\n"]);
-      fold = [];
+    function lines(which) {
+      const out = [];
+      cur.forEach(function (l, i) { if (which(i)) out.push(V.decorate(l, marks[i]), "\n"); });
+      out.pop();
+      return out;
     }
-    cur.forEach(function (l, i) {
-      const last = i === cur.length - 1;
-      if (!show[i]) { fold.push(i); if (last) flushFold(true); return; }
-      flushFold(false);
-      V.append(pre, V.decorate(l, hits[i].concat(chg[i])));
-      if (!last) V.append(pre, "\n");
-    });
+    const folded = cur.filter(function (l, i) { return !show[i]; });
+    if (folded.length) {
+      const what = folded.length === cur.length ? "all " + cur.length + " lines as in step " + prevT
+        : folded.length + (folded.length === 1 ? " line" : " lines") + " as in step " + prevT + ": " +
+          foldLabel(folded, cur.map(function (l, i) { return map[i]; }).filter(function (m, i) { return !show[i]; }));
+      const b = V.el("button", { type: "button", className: "fold", title: folded.join("\n").slice(0, 2000) }, "⋯ " + what);
+      b.addEventListener("click", function () { pre.textContent = ""; V.append(pre, lines(function () { return true; })); });
+      V.append(pre, [b, folded.length < cur.length ? "\n" : null]);
+    }
+    V.append(pre, lines(function (i) { return show[i]; }));
     return pre;
   };
 
@@ -193,12 +191,13 @@
       "after the action: reward " + V.fmt(s.reward) + " · progress " + V.fmt(s.progress));
   };
 
-  // The body of step s at t: observation (compact against prev when prev is given), action, admissible
-  // actions, the LLM turn and the rest of info. adm is the episode's table of admissible-action lists.
-  V.stepBody = function (s, t, adm, q, prev) {
-    const out = [V.observation(s.observation, q, prev, t - 1),
+  // The body of step s at t: observation, action, admissible actions, the LLM turn and the rest of info. adm is
+  // the episode's table of admissible-action lists. Compact mode passes the step before (its observation is
+  // what this one is compared with; admissible actions it had too are not listed again).
+  V.stepBody = function (s, t, adm, q, before) {
+    const out = [V.observation(s.observation, q, before ? before.observation : null, t - 1),
       V.el("div", { className: "act" }, V.el("span", { className: "label" }, "→ action"), " ", V.marked("code", { className: "action" }, s.action, q))];
-    const list = s.adm !== null && s.adm !== undefined ? adm[s.adm] : null;
+    const list = s.adm !== null && s.adm !== undefined && !(before && before.adm === s.adm) ? adm[s.adm] : null;
     if (list) {
       out.push(list.length > 12 ? V.lazyDetails("admissible actions (" + list.length + ")", function () { return V.marked("div", { className: "adm" }, list.join(" · "), q); })
         : V.marked("div", { className: "adm" }, "admissible: " + list.join(" · "), q));
@@ -223,8 +222,9 @@
 
   // The strip of an episode's steps: one mark per step, coloured by what its action led to and, for an LLM
   // agent that scored candidates, as tall as the probability it gave the action it chose. A click calls
-  // pick(t). Returns {el, setCurrent(t), setHits(steps with a search match), marks}.
-  V.timeline = function (steps, pick, label) {
+  // pick(t). slots (at least the step count) pads the strip so that strips of one width line up step by
+  // step (compare). Returns {el, setCurrent(t), setHits(steps with a search match), marks}.
+  V.timeline = function (steps, pick, label, slots) {
     const strip = V.el("div", { className: "timeline" + (steps.length > 300 ? " dense" : ""), "data-role": "timeline", role: "group", "aria-label": label });
     let before = null, anyProb = false;
     const marks = steps.map(function (s, t) {
@@ -239,6 +239,7 @@
           " · progress " + V.fmt(s.progress) + (p === null ? "" : " · p(chosen) " + p.toFixed(3)) }, fill);
     });
     V.append(strip, marks);
+    for (let t = steps.length; t < (slots || 0); t++) strip.appendChild(V.el("span", { className: "mark pad", "aria-hidden": "true" }));
     strip.addEventListener("click", function (e) {
       const m = e.target.closest && e.target.closest(".mark");
       if (m) pick(Number(m.dataset.t));
