@@ -175,6 +175,14 @@ def test_search_marks_the_matched_words_and_n_jumps_to_the_next_match(watched, s
     page.wait_for_function(f"() => document.querySelectorAll('mark.hit').length === {total}")
     assert "q=targets" in page.evaluate("location.hash")
 
+    # Matches in a panel opened later join n / N.
+    _episode(page, site, "llm", 0, "&q=push%20all")
+    shown = page.locator("mark.hit").count()
+    page.locator("#step-0 details.messages summary").click()
+    page.wait_for_function(f"() => document.querySelectorAll('mark.hit').length === {shown + 1}")
+    page.keyboard.press("n")
+    assert page.locator("#hit-count").inner_text().startswith(f"match 2 of {shown + 1}")
+
     # A match only in a collapsed panel (an experience entry) opens that panel.
     _episode(page, site, "llm", 0, "&q=away%20from%20corners")
     opened = page.locator(".step details.experience[open]")

@@ -40,10 +40,13 @@
   // Why two runs have no episode in common, in words.
   function whyNoPairs(ra, rb, ia, ib) {
     const only = [ra, rb].filter(function (r) { return !r.episodes; });
+    if (only.length === 2) {
+      return "Both runs are summaries only (their folders hold summary.json but no episodes.jsonl, as leaderboard submissions may), " +
+        "so they have no episodes to pair; their per-task results are on their run pages.";
+    }
     if (only.length) {
-      return (only.length === 2 ? "Neither run has" : only[0].label + " has") + " episodes to pair: " +
-        (only.length === 2 ? "both are summaries only" : "it is a summary only") +
-        " (its folder holds summary.json but no episodes.jsonl, as a leaderboard submission may), so only their per-task results compare: see each run's page.";
+      return only[0].label + " is a summary only (its folder holds summary.json but no episodes.jsonl, as a leaderboard submission may), " +
+        "so it has no episodes to pair; its per-task results are on its run page.";
     }
     const shared = ra.tasks.filter(function (t) { return rb.tasks.includes(t); });
     if (!shared.length) return "The runs share no task: A ran " + ra.tasks.join(", ") + "; B ran " + rb.tasks.join(", ") + ".";

@@ -131,7 +131,17 @@
       h.scrollIntoView({ block: "center" });
       hitCount.textContent = "match " + (hitAt + 1) + " of " + hits.length + " (n / N)";
     }
+    // A panel opened later (messages, a long text's rest) brings its matches into n / N once it is built.
+    function recount() {
+      setTimeout(function () {
+        const at = hits[hitAt];
+        hits = Array.from(list.querySelectorAll("mark.hit"));
+        hitAt = hits.indexOf(at);
+      }, 0);
+    }
+    list.addEventListener("toggle", recount, true);
     list.addEventListener("click", function (e) {
+      if (e.target.closest && e.target.closest("button.more, button.fold")) recount();
       const a = e.target.closest && e.target.closest("a.t");
       if (!a) return;
       e.preventDefault();

@@ -64,7 +64,7 @@
     lines.forEach(function (l, k) {
       const m = /^\s*([^:]{1,24}):/.exec(l);
       const name = mapRows[k] ? "map" : m ? m[1].trim() : l.trim().slice(0, 16) + (l.trim().length > 16 ? "…" : "");
-      if (name && names[names.length - 1] !== name) names.push(name);
+      if (name && String(names[names.length - 1]).toLowerCase() !== name.toLowerCase()) names.push(name);
     });
     const text = names.join(", ");
     return text.length > 90 ? text.slice(0, 89) + "…" : text;
