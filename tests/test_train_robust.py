@@ -113,7 +113,7 @@ def test_divergence_is_zero_for_a_fresh_adapter_and_the_kl_term_pulls_the_policy
     learner = _learner(tiny, kl_coef=1.0)
     fresh = learner.divergence([_sample()])
     assert fresh["kl_ref"] == pytest.approx(0.0, abs=1e-7) and fresh["tv_ref"] == pytest.approx(0.0, abs=1e-6)
-    assert fresh["entropy"] == pytest.approx(fresh["entropy_ref"])
+    assert fresh["entropy_now"] == pytest.approx(fresh["entropy_ref"])
     plain = _learner(tiny)
     _move_away(plain)
     moved = plain.divergence([_sample()])["kl_ref"]
@@ -133,10 +133,10 @@ def test_divergence_is_zero_for_a_fresh_adapter_and_the_kl_term_pulls_the_policy
 def test_the_entropy_bonus_raises_the_entropy_of_a_peaked_policy(tiny):
     learner = _learner(tiny, entropy_coef=1.0)
     _move_away(learner)
-    before = learner.divergence([_sample()])["entropy"]
+    before = learner.divergence([_sample()])["entropy_now"]
     for _ in range(5):
         learner.update([_sample(advantage=0.0)])
-    assert learner.divergence([_sample()])["entropy"] > before
+    assert learner.divergence([_sample()])["entropy_now"] > before
 
 
 def test_kl_needs_a_lora_model_and_coefficients_are_checked(tiny):

@@ -391,7 +391,8 @@ class PolicyLearner:
         """How far the policy has moved from the reference (the model with its LoRA adapter disabled),
         over these score-mode turns: mean exact ``kl_ref`` = KL(pi || pi_ref) and ``tv_ref`` (total
         variation) between the softmaxes over each turn's candidates, and the mean entropies
-        ``entropy`` and ``entropy_ref``. Empty for a model without LoRA or without score-mode turns.
+        ``entropy_now`` and ``entropy_ref`` (not ``entropy``: :meth:`update` reports that one, over the
+        turns it trains on). Empty for a model without LoRA or without score-mode turns.
 
         A diagnostic (no gradient, no optimiser step); it reads the weights as they are now."""
         scored = [s for s in samples if s.mode == "score"]
@@ -399,7 +400,7 @@ class PolicyLearner:
             return {}
         was_training = self.model.training
         self.model.eval()
-        sums = {"kl_ref": 0.0, "tv_ref": 0.0, "entropy": 0.0, "entropy_ref": 0.0}
+        sums = {"kl_ref": 0.0, "tv_ref": 0.0, "entropy_now": 0.0, "entropy_ref": 0.0}
         try:
             for batch in self._micro_batches(scored, self.token_budget):
                 for norm in NORMS:
@@ -413,7 +414,7 @@ class PolicyLearner:
                         lp, lq = torch.log_softmax(a.float() / s.temperature, -1), torch.log_softmax(b.float() / s.temperature, -1)
                         sums["kl_ref"] += float(_kl(lp, lq))
                         sums["tv_ref"] += float(0.5 * (lp.exp() - lq.exp()).abs().sum())
-                        sums["entropy"] += float(-(lp.exp() * lp).sum())
+                        sums["entropy_now"] += float(-(lp.exp() * lp).sum())
                         sums["entropy_ref"] += float(-(lq.exp() * lq).sum())
         finally:
             self.model.train(was_training)
