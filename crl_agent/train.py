@@ -372,7 +372,7 @@ def has_signal(rewards: list[float]) -> bool:
     return len(set(rewards)) > 1
 
 
-def informative_groups(cfg: TrainConfig, ctxs: list[EpisodeContext], episodes: list[Episode]) -> set[int]:
+def informative_groups(ctxs: list[EpisodeContext], episodes: list[Episode]) -> set[int]:
     """The groups (``episode_index``) with mixed outcomes in either half (errored episodes left out): the
     groups whose advantages are not all zero."""
     halves: dict[tuple[int, bool], list[float]] = {}
@@ -405,7 +405,7 @@ async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> tuple[list[
             if c.episode_index in mine]
     episodes = await play(cfg, pool, agent, ctxs, explore=cfg.explore)
     scheduled = (list(ctxs), list(episodes))
-    signal = informative_groups(cfg, ctxs, episodes)
+    signal = scheduled_signal = informative_groups(ctxs, episodes)
     wanted = len(mine)
     first = next_g = cfg.groups + dist.rank * cfg.dynamic_sampling
     while len(signal) < wanted and next_g < first + cfg.dynamic_sampling:
@@ -416,9 +416,9 @@ async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> tuple[list[
         extra_eps = await play(cfg, pool, agent, extra, explore=cfg.explore)
         ctxs += extra
         episodes += extra_eps
-        signal = informative_groups(cfg, ctxs, episodes)
+        signal = informative_groups(ctxs, episodes)
     stats = {"scheduled": scheduled, "extra_groups": next_g - first,
-             "signal_scheduled": len(informative_groups(cfg, *scheduled)) / max(1, wanted)}
+             "signal_scheduled": len(scheduled_signal) / max(1, wanted)}
     if cfg.dynamic_sampling:  # DAPO's filter: a group whose outcomes are all alike has nothing to teach
         keep = [i for i, c in enumerate(ctxs) if c.episode_index in signal]
         ctxs, episodes = [ctxs[i] for i in keep], [episodes[i] for i in keep]
