@@ -30,11 +30,10 @@ import multiprocessing as mp
 import os
 import pickle
 from dataclasses import dataclass, field
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from crl_envs.pool.base import EnvError
-from crl_envs.pool.pipes import RequestWriter, describe_exit
+from crl_envs.pool.pipes import EXIT, OK, FrameReader, RequestWriter, describe_exit, dumps, reply_reader
 from crl_envs.pool.slots import SlotFront, SlotTable, parse_envs
 from crl_envs.pool.worker import worker_main
 
@@ -47,8 +46,9 @@ _CTX = mp.get_context("spawn")
 class _Call:
     slot: int
     method: str
-    started: asyncio.Future  # set when the worker begins the call
+    timeout: float  # seconds it may run, counted from when the worker begins it
     done: asyncio.Future
+    deadline: float | None = None  # set when the worker begins it (event-loop time)
 
 
 @dataclass
@@ -56,9 +56,11 @@ class _Worker:
     index: int
     process: Any = None
     conn: Any = None  # replies from the worker
+    reader: FrameReader | None = None  # ... split into frames
     writer: RequestWriter | None = None  # requests to the worker
-    pending: dict[int, _Call] = field(default_factory=dict)
+    pending: dict[int, _Call] = field(default_factory=dict)  # in the order the worker serves them
     making: asyncio.Task | None = None  # creating its envs
+    timer: asyncio.TimerHandle | None = None  # checks the deadline of the call it is running
     exit_fd: int | None = None  # a pidfd: readable once the process has exited
     restarts: int = 0
 
@@ -125,7 +127,7 @@ class ProcessPool(SlotFront):
         w.process.start()
         req_r.close()
         rep_w.close()
-        w.conn, w.writer = rep_r, RequestWriter(req_w, self._loop)
+        w.conn, w.reader, w.writer = rep_r, reply_reader(rep_r.fileno()), RequestWriter(req_w, self._loop)
         self._loop.add_reader(rep_r.fileno(), self._on_readable, w)
         # the process's own exit, seen even when a child the env forked keeps the pipe (and the sentinel) open
         try:
@@ -133,48 +135,80 @@ class ProcessPool(SlotFront):
         except (AttributeError, OSError):  # not Linux >= 5.3: the sentinel, which a forked child can hold open
             w.exit_fd = None
         self._loop.add_reader(w.process.sentinel if w.exit_fd is None else w.exit_fd, self._on_exit, w, w.process)
-        calls = [self._submit(w, n, "make", specs) for n, specs in self.slots.specs(w.index).items()]
+        calls = [self._submit(w, n, "make", self.reset_timeout, specs) for n, specs in self.slots.specs(w.index).items()]
         w.making = self._loop.create_task(self._await_makes(w, calls))
 
-    async def _await_makes(self, w: _Worker, calls: list[tuple[int, _Call]]) -> list[EnvError]:
+    async def _await_makes(self, w: _Worker, calls: list[_Call]) -> list[EnvError]:
         errors = []
-        for req_id, call in calls:
+        for call in calls:
             try:
-                self.slots.made(call.slot, await self._wait(w, req_id, call, self.reset_timeout,
-                                                            start_timeout=self.reset_timeout))
+                self.slots.made(call.slot, await call.done)
             except EnvError as e:  # the slot's next request reports it again
                 errors.append(e)
         return errors
 
     def _on_readable(self, w: _Worker) -> None:
         try:
-            while w.conn is not None and w.conn.poll():
-                req_id, kind, data = w.conn.recv()
-                if kind == "exit":
-                    self._restart(w, "memory", data)
-                    return
-                call = w.pending.pop(req_id, None)
-                if call is None:
-                    continue
-                for queued in w.pending.values():  # the worker serves in order: the next call starts now
-                    if not queued.started.done():
-                        queued.started.set_result(None)
-                    break
-                if call.done.done():
-                    continue
-                if kind == "ok":
-                    try:
-                        call.done.set_result(pickle.loads(data))  # noqa: S301 - our own worker's reply
-                    except Exception as e:  # noqa: BLE001 - e.g. a class only the worker can import
-                        call.done.set_exception(self._error(
-                            call.slot, "exception", f"the result of {call.method} cannot be unpickled in the pool's "
-                            f"process ({type(e).__name__}: {e}); return plain Python objects"))
-                else:
-                    name, msg, tb = data
-                    call.done.set_exception(self._error(call.slot, "exception", f"{name}: {msg}\n{tb}".strip()))
-        except (EOFError, OSError):
+            frames = w.reader.read()
+        except OSError:
+            frames = []
+            w.reader.eof = True
+        for req_id, kind, data in frames:
+            if kind == EXIT:
+                self._restart(w, "memory", pickle.loads(data))  # noqa: S301 - our own worker's reason
+                return
+            call = w.pending.pop(req_id, None)
+            if call is None:
+                continue
+            for queued in w.pending.values():  # the worker serves in order: the next call starts now
+                self._arm(w, queued)
+                break
+            if call.done.done():
+                continue
+            if kind == OK:
+                try:
+                    call.done.set_result(pickle.loads(data))  # noqa: S301 - our own worker's reply
+                except Exception as e:  # noqa: BLE001 - e.g. a class only the worker can import
+                    call.done.set_exception(self._error(
+                        call.slot, "exception", f"the result of {call.method} cannot be unpickled in the pool's "
+                        f"process ({type(e).__name__}: {e}); return plain Python objects"))
+            else:
+                name, msg, tb = pickle.loads(data)  # noqa: S301 - our own worker's error
+                call.done.set_exception(self._error(call.slot, "exception", f"{name}: {msg}\n{tb}".strip()))
+        if w.reader is not None and w.reader.eof:
             w.process.join(timeout=1)
             self._restart(w, "crash", describe_exit(w.process))
+
+    def _arm(self, w: _Worker, call: _Call) -> None:
+        """The worker begins ``call``: start its timeout.
+
+        One timer per worker, not one per call: it fires at the earliest deadline it was set for,
+        and then sets itself again for the deadline of the call running by then (a call that
+        finishes costs nothing)."""
+        if call.deadline is not None:
+            return
+        call.deadline = self._loop.time() + call.timeout
+        if w.timer is None or w.timer.when() > call.deadline:
+            if w.timer is not None:
+                w.timer.cancel()
+            w.timer = self._loop.call_at(call.deadline, self._check_deadline, w)
+
+    def _check_deadline(self, w: _Worker) -> None:
+        """The worker's timer fired: fail the call it is running if that ran past its timeout and
+        restart the worker (a hung env never answers), else set the timer for that call's deadline."""
+        w.timer = None
+        running = next(iter(w.pending.items()), None)
+        if running is None or running[1].deadline is None:
+            return
+        req_id, call = running
+        if self._loop.time() < call.deadline:
+            w.timer = self._loop.call_at(call.deadline, self._check_deadline, w)
+            return
+        del w.pending[req_id]
+        what = f"{call.method} took longer than {call.timeout:g} s"
+        if not call.done.done():
+            call.done.set_exception(self._error(call.slot, "timeout", what))
+        self._restart(w, "timeout", what)
 
     def _on_exit(self, w: _Worker, process: Any) -> None:
         self._on_readable(w)  # replies it sent before it died still count
@@ -193,11 +227,14 @@ class ProcessPool(SlotFront):
                 self._loop.remove_reader(w.process.sentinel if w.exit_fd is None else w.exit_fd)
         except (ValueError, OSError):
             pass
+        if w.timer is not None:
+            w.timer.cancel()
+            w.timer = None
         if w.exit_fd is not None:
             os.close(w.exit_fd)
             w.exit_fd = None
         if graceful:
-            w.writer.put(bytes(ForkingPickler.dumps(None)))
+            w.writer.put(dumps(None))
             w.process.join(timeout=2)
         if w.process.is_alive():
             w.process.kill()
@@ -208,7 +245,7 @@ class ProcessPool(SlotFront):
             w.process.close()
         except ValueError:  # still running after SIGKILL (stuck in the kernel): leave it to the OS
             pass
-        w.process = w.conn = w.writer = None
+        w.process = w.conn = w.reader = w.writer = None
 
     def _restart(self, w: _Worker, cause: str, detail: str) -> None:
         """Kill a dead, hung or bloated worker, fail its episodes, and start a fresh one."""
@@ -246,45 +283,32 @@ class ProcessPool(SlotFront):
                 w.making.cancel()
 
     # ------------------------------------------------------------------ API
-    def _submit(self, w: _Worker, slot: int, method: str, args: tuple,
-                kwargs: dict[str, Any] | None = None) -> tuple[int, _Call]:
+    def _submit(self, w: _Worker, slot: int, method: str, timeout: float, args: tuple,
+                kwargs: dict[str, Any] | None = None) -> _Call:
         """Queue a request to ``w`` now (synchronously, so requests keep their order)."""
         req_id = next(self._ids)
         try:
-            buf = bytes(ForkingPickler.dumps((req_id, slot, method, args, kwargs)))
+            buf = dumps((req_id, slot, method, args, kwargs))
         except Exception as e:  # noqa: BLE001 - e.g. an action that is a lock or a generator
             raise self._error(slot, "exception", f"the {method} request cannot be sent to the worker: "
                               f"{type(e).__name__}: {e} (actions must be str)") from None
-        call = _Call(slot, method, self._loop.create_future(), self._loop.create_future())
+        call = _Call(slot, method, timeout, self._loop.create_future())
         if not w.pending:  # else it starts when the reply to the call ahead of it arrives
-            call.started.set_result(None)
+            self._arm(w, call)
         w.pending[req_id] = call
         w.writer.put(buf)
-        return req_id, call
-
-    async def _wait(self, w: _Worker, req_id: int, call: _Call, timeout: float,
-                    start_timeout: float | None = None) -> Any:
-        # Wait for the worker to start the call (every call queued ahead of it has its own timeout),
-        # then give it ``timeout`` seconds. A make also bounds the wait for a fresh worker to start.
-        if not call.started.done():
-            await asyncio.wait((call.started, call.done), timeout=start_timeout, return_when=asyncio.FIRST_COMPLETED)
-        limit = timeout if call.started.done() or call.done.done() else 0.0
-        try:
-            return await asyncio.wait_for(asyncio.shield(call.done), limit)
-        except asyncio.TimeoutError:
-            what = f"{call.method} took longer than {timeout:g} s" if limit else "the worker did not start in time"
-            if w.pending.pop(req_id, None) is call:
-                self._restart(w, "timeout", what)
-            raise self._error(call.slot, "timeout", what) from None
+        return call
 
     async def _request(self, slot: int, method: str, args: tuple, timeout: float,
                        kwargs: dict[str, Any] | None = None) -> Any:
+        # The timeout counts from when the worker begins the call, not while it waits behind
+        # calls queued ahead of it (each of those has its own). A caller that gives up cancels
+        # ``done``; the reply still arrives in order and is dropped.
         s = await self._admit(slot, method)
         w = self.workers[s.host]
         if w.process is None:  # it died while creating its envs: try once more
             self._spawn(w)
-        req_id, call = self._submit(w, slot, method, args, kwargs)
-        return await self._wait(w, req_id, call, timeout)
+        return await self._submit(w, slot, method, timeout, args, kwargs).done
 
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w.process is not None]

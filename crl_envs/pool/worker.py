@@ -1,11 +1,11 @@
 """The worker process: hosts several envs and answers requests over a pipe.
 
-Requests arrive framed on their own pipe (:func:`crl_envs.pool.pipes.read_request`) as
+Requests arrive framed on their own pipe (:class:`crl_envs.pool.pipes.RequestReader`) as
 ``(req_id, slot, method, args, kwargs)`` tuples (``None`` asks the worker to exit), and are served in
 order (so the pool knows a queued call starts when the reply ahead of it arrives). Each is
-answered ``(req_id, "ok", pickled result)`` or ``(req_id, "error", (type, message, traceback))``.
-The result is pickled separately so that a result the pool cannot unpickle fails only its
-own call. ``(-1, "exit", reason)`` announces that the worker recycles itself (memory limit).
+answered by a reply frame (:func:`crl_envs.pool.pipes.write_reply`): ``OK`` with the pickled
+result, or ``ERROR`` with ``(type, message, traceback)``. An ``EXIT`` frame with the reason
+announces that the worker recycles itself (memory limit).
 A worker exits by itself when the pool's process dies, even in the middle of a hung call.
 
 Only plain text and small Python objects cross the pipe; there is no shared memory. The
@@ -21,10 +21,9 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 
 from crl_envs.pool.host import EnvHost
-from crl_envs.pool.pipes import read_request
+from crl_envs.pool.pipes import ERROR, EXIT, OK, RequestReader, dumps, write_reply
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -64,10 +63,11 @@ def worker_main(requests: Connection, conn: Connection, max_rss_mb: float | None
     import crl_envs  # noqa: F401 - registers ids and plugins in this process
 
     host = EnvHost()
+    reader, out = RequestReader(requests), conn.fileno()
     try:
         while True:
             try:
-                msg = read_request(requests)
+                msg = reader.next()
             except (EOFError, OSError):
                 break
             if msg is None:
@@ -76,22 +76,21 @@ def worker_main(requests: Connection, conn: Connection, max_rss_mb: float | None
             try:
                 result = host.call(slot, method, args, kwargs)
             except BaseException as e:  # noqa: BLE001 - the parent reports it as an EnvError
-                reply = (req_id, "error", (type(e).__name__, str(e), traceback.format_exc(limit=5)))
+                kind, payload = ERROR, dumps((type(e).__name__, str(e), traceback.format_exc(limit=5)))
             else:
                 try:
-                    reply = (req_id, "ok", bytes(ForkingPickler.dumps(result)))
+                    kind, payload = OK, dumps(result)
                 except Exception as e:  # noqa: BLE001 - e.g. a lock or an open file in info
-                    reply = (req_id, "error", (type(e).__name__, f"the result of {method} cannot be pickled to "
-                                               f"send it to the pool ({e}); return plain Python objects", ""))
+                    kind, payload = ERROR, dumps((type(e).__name__, f"the result of {method} cannot be pickled to "
+                                                  f"send it to the pool ({e}); return plain Python objects", ""))
             try:
-                conn.send(reply)
-            except (BrokenPipeError, OSError):
+                write_reply(out, req_id, kind, payload)
+            except OSError:
                 break
-            except Exception as e:  # noqa: BLE001 - e.g. an exception message that cannot be pickled
-                conn.send((req_id, "error", (type(e).__name__, f"cannot send the result: {e}", "")))
             if max_rss_mb is not None and (rss := rss_mb()) > max_rss_mb:
-                conn.send((-1, "exit", f"worker memory {rss:.0f} MiB passed max_worker_rss_mb={max_rss_mb:g} "
-                                       f"after {method} on slot {slot} (does an env leak memory?)"))
+                write_reply(out, -1, EXIT, dumps(f"worker memory {rss:.0f} MiB passed max_worker_rss_mb="
+                                                 f"{max_rss_mb:g} after {method} on slot {slot} (does an env leak "
+                                                 "memory?)"))
                 break
     finally:
         host.close()
