@@ -33,17 +33,23 @@ One record (``--trajectories text``, the default; ``full`` adds the fields marke
 :data:`TEXT_CAP` characters (longer ones keep the first and last half with
 ``[... N characters omitted ...]`` between). **Full mode** keeps everything as recorded. ``none``
 writes no file. Runs recorded before schema 1.2 of ``summary.json`` have no trajectories file.
+
+Records are standard JSON (encoded with orjson): a non-finite number (NaN, infinity) is written as
+``null``.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import warnings
 import zlib
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 SCHEMA = "crl-bench/trajectory"
 SCHEMA_VERSION = "1.0"
@@ -144,10 +150,34 @@ def validate_record(record: Any) -> None:
             raise TrajectoryError(f"trajectory {record['key']}: steps[{i}].admissible_actions must be a list or null")
 
 
+def encode_line(record: dict[str, Any]) -> bytes:
+    """One record as a JSON line (UTF-8); anything JSON has no type for is written as its ``str``."""
+    try:
+        return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+    except (orjson.JSONEncodeError, TypeError):  # a lone surrogate, an int past 64 bits, nesting past 254
+        return (json.dumps(record, default=str, allow_nan=False, cls=_NullNonFinite) + "\n").encode("ascii")
+
+
+class _NullNonFinite(json.JSONEncoder):
+    """Writes NaN and infinities as ``null``, as orjson does."""
+
+    def iterencode(self, o: Any, _one_shot: bool = False):
+        return super().iterencode(_finite(o), _one_shot)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def encode_member(record: dict[str, Any]) -> bytes:
     """One record as a complete gzip member (one JSON line)."""
-    line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
-    return gzip.compress(line.encode("utf-8"), compresslevel=1, mtime=0)  # 4x faster than 6, 25% larger
+    return gzip.compress(encode_line(record), compresslevel=1, mtime=0)  # 4x faster than level 6, 25% larger
 
 
 def _read_members(path: Path) -> tuple[list[dict[str, Any]], int, bool]:

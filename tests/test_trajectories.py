@@ -308,3 +308,21 @@ def test_inline_envs_run_off_the_loop_so_a_slow_step_never_freezes_another_task(
     assert windows, "the fast task must overlap a slow step"
     for lo, hi in windows:
         assert sum(lo < t < hi for t in fast) > 20, "the other task's steps went on while the slow step ran"
+
+
+def test_records_are_standard_json_whatever_they_hold(tmp_path):
+    """orjson writes the records; what it refuses (a lone surrogate from a bytes-decoded observation) falls
+    back to the json module, and non-finite numbers are null either way, so any JSON reader loads the file."""
+    record = {"key": "k#0#0", "reward": float("nan"), "info": {1: float("inf"), "obj": object}, "text": "é"}
+    fast = json.loads(trajectories.encode_line(record))
+    assert fast["reward"] is None and fast["info"]["1"] is None and fast["text"] == "é"
+    assert fast["info"]["obj"] == str(object)
+    odd = dict(record, text="bad \udc80 byte", big=2**70)
+    slow = trajectories.encode_line(odd)
+    assert slow.isascii() and slow.endswith(b"\n")
+    back = json.loads(slow)
+    assert back["text"] == "bad \udc80 byte" and back["big"] == 2**70 and back["reward"] is None
+    assert back["info"] == fast["info"]
+    path = tmp_path / trajectories.FILENAME
+    path.write_bytes(trajectories.encode_member(record) + trajectories.encode_member(dict(odd, key="k#1#0")))
+    assert [r["key"] for r in trajectories.load_trajectories(path)] == ["k#0#0", "k#1#0"]
