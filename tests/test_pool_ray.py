@@ -68,3 +68,33 @@ def test_ray_episodes_on_a_restarted_actor_are_lost_until_reset(ray_cluster):
             assert (await pool.step(2, "5"))[4]["valid_action"]
 
     asyncio.run(main())
+
+
+def test_calls_made_together_go_to_an_actor_as_one_batch_and_fail_alone(ray_cluster):
+    """Three slots on one actor step in the same turn: one Ray call carries them; the env that raises and the
+    action Ray cannot send fail only their own calls, and the other slot's step is the in-process one."""
+    import threading
+
+    async def main():
+        async with RayEnvPool(["test/Faulty-v0", "test/Guess-v0", "test/Guess-v0"], num_workers=1,
+                              timeout=10.0) as pool:
+            await asyncio.gather(*(pool.reset(i, seed=i) for i in range(3)))
+            batches = []
+            send = pool._send
+            pool._send = lambda w: (batches.append(len(pool._queued[w])), send(w))
+            got = await asyncio.gather(pool.step(0, "raise"), pool.step(1, "5"), pool.step(2, threading.Lock()),
+                                       return_exceptions=True)
+            assert batches[0] == 3
+            assert isinstance(got[0], EnvError) and "RuntimeError" in str(got[0]) and got[0].slot == 0
+            assert isinstance(got[2], EnvError) and got[2].slot == 2 and "Ray" in str(got[2])
+            local = gym.make("test/Guess-v0")
+            local.reset(seed=1)
+            want = local.step("5")
+            assert got[1][:4] == tuple(want[:4]) and got[1][4] == want[4]
+            assert pool.restarts() == 0
+            batches.clear()
+            for _ in range(3):  # steps of many slots keep going out together
+                await asyncio.gather(pool.step(1, "4"), pool.step(2, "4"))
+            assert batches == [2, 2, 2]
+
+    asyncio.run(main())

@@ -1,10 +1,19 @@
 """``RayEnvPool`` (``backend="ray"``): the env-slot API on Ray actors, for runs that span machines.
 
 Each actor hosts several envs (slots are spread round-robin over ``num_workers`` actors),
-so a run scales over a Ray cluster. Faults are handled like the process backend, with the
-same slot bookkeeping (:mod:`crl_envs.pool.slots`): a call that times out or whose actor dies
-fails with :class:`EnvError`, the actor is killed and re-created with its envs, every other
-episode it hosted is lost until its slot is reset, and other actors keep running.
+so a run scales over a Ray cluster. Calls to one actor made in the same turn of the event loop
+(e.g. every episode on it stepping after the last batch of steps came back) go to it as one Ray
+call, :meth:`_ActorBody.call_many`: a Ray round trip costs about a millisecond, so 16 slots on
+an actor pay about 1/16 of it a step.
+
+Faults are handled like the process backend, with the same slot bookkeeping
+(:mod:`crl_envs.pool.slots`): a call that times out or whose actor dies fails with
+:class:`EnvError`, the actor is killed and re-created with its envs, every other episode it
+hosted is lost until its slot is reset, and other actors keep running. The calls of a batch are
+answered one by one: an env that raises fails only its own call. As in the process backend,
+a timeout counts from when the actor begins the work (batches on one actor run one after the
+other, so a batch's clock starts when the one ahead of it returns); a batch may run as long as
+its calls' timeouts added up, so with several calls in a batch a hung one is found that much later.
 
 Actors are spread over the cluster's nodes that offer CPUs, the next one always on the node
 hosting the fewest of the pool's actors (Ray's own ``SPREAD`` is best effort: it put three
@@ -21,6 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
+import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -66,6 +78,25 @@ class _ActorBody:
             raise AttributeError("make cannot be called through the pool")
         return self.host.call(slot, method, args, kwargs)
 
+    def call_many(self, calls: list[tuple[int, str, tuple, dict[str, Any] | None]]) -> list[tuple[bool, Any]]:
+        """Serve ``calls`` in order; each answer is ``(True, pickled result)`` or ``(False, (type, message))``.
+
+        Results are pickled one by one, so a result that cannot be sent fails only its own call.
+        """
+        out = []
+        for slot, method, args, kwargs in calls:
+            try:
+                result = self.call(slot, method, args, kwargs)
+            except BaseException as e:  # noqa: BLE001 - the pool reports it as the call's EnvError
+                out.append((False, (type(e).__name__, f"{e}\n{traceback.format_exc(limit=5)}".strip())))
+                continue
+            try:
+                out.append((True, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)))
+            except Exception as e:  # noqa: BLE001 - e.g. a lock or an open file in info
+                out.append((False, (type(e).__name__, f"the result of {method} cannot be pickled to send it to "
+                                                      f"the pool ({e}); return plain Python objects")))
+        return out
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -73,6 +104,16 @@ class _ActorBody:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+@dataclass
+class _Call:
+    slot: int
+    method: str
+    args: tuple
+    kwargs: dict[str, Any] | None
+    timeout: float
+    done: asyncio.Future
 
 
 class RayEnvPool(SlotFront):
@@ -102,6 +143,8 @@ class RayEnvPool(SlotFront):
         self.slots = SlotTable(pairs, self.num_workers, "actor")
         self.actors: list[Any] = [None] * self.num_workers
         self._nodes: list[str | None] = [None] * self.num_workers  # the node each actor was placed on
+        self._queued: list[list[_Call]] = [[] for _ in range(self.num_workers)]  # the next batch of each actor
+        self._last: list[asyncio.Future | None] = [None] * self.num_workers  # the last batch sent to each actor
         self._restarts = 0
         self._closed = False
         self._started = False
@@ -188,35 +231,80 @@ class RayEnvPool(SlotFront):
     async def _request(self, slot: int, method: str, args: tuple, timeout: float,
                        kwargs: dict[str, Any] | None = None) -> Any:
         s = await self._admit(slot, method)
+        loop = asyncio.get_running_loop()
+        queue = self._queued[s.host]
+        if not queue:  # the first call this turn: the batch leaves once every caller of this turn has queued
+            loop.call_soon(self._send, s.host)
+        call = _Call(slot, method, args, kwargs, timeout, loop.create_future())
+        queue.append(call)
         try:
-            return await self._call_actor(slot, s.host, self.actors[s.host], method, args, timeout, kwargs)
+            return await call.done
         except EnvError:
             if self._closed:  # close() killed the actor under this call
                 raise self._error(slot, "closed", "the pool was closed") from None
             raise
 
-    async def _call_actor(self, slot: int, w: int, actor: Any, method: str, args: tuple, timeout: float,
-                          kwargs: dict[str, Any] | None) -> Any:
-        ray = _ray()
+    def _send(self, w: int) -> None:
+        """Send actor ``w`` the calls queued for it, as one Ray call."""
+        calls, self._queued[w] = self._queued[w], []
+        if self._closed:
+            for c in calls:
+                _fail(c, self._error(c.slot, "closed", "the pool was closed"))
+            return
+        actor = self.actors[w]
         try:
-            return await asyncio.wait_for(actor.call.remote(slot, method, args, kwargs), timeout)
+            ref = actor.call_many.remote([(c.slot, c.method, c.args, c.kwargs) for c in calls])
+        except Exception as e:  # noqa: BLE001 - e.g. an action Ray cannot serialise
+            if len(calls) > 1:  # send them one by one, so only that call fails
+                for c in calls:
+                    self._queued[w].append(c)
+                    self._send(w)
+                return
+            c = calls[0]
+            _fail(c, self._error(c.slot, "exception", f"the {c.method} request failed in Ray: {type(e).__name__}: {e}"))
+            return
+        ahead = self._last[w]
+        self._last[w] = asyncio.ensure_future(self._await_batch(w, actor, calls, ref, ahead))
+
+    async def _await_batch(self, w: int, actor: Any, calls: list[_Call], ref: Any, ahead: asyncio.Future | None) -> None:
+        ray = _ray()
+        if ahead is not None and not ahead.done():  # the actor serves the batch ahead first: not this one's time
+            await asyncio.wait((ahead,))
+        timeout = sum(c.timeout for c in calls)
+        try:
+            answers = await asyncio.wait_for(ref, timeout)
         except asyncio.TimeoutError:
-            detail = f"{method} took longer than {timeout:g} s"
-            if self.actors[w] is actor:
-                self._restart(w, "timeout", detail)
-            raise self._error(slot, "timeout", detail) from None
+            what = " or ".join(sorted({c.method for c in calls}))
+            self._lose_batch(w, actor, calls, "timeout", f"{what} took longer than {timeout:g} s")
+            return
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
             # unschedulable: placed on a node that was lost before the actor started; its replacement goes elsewhere
-            detail = f"actor died: {str(e).splitlines()[0]}"
-            if self.actors[w] is actor:
-                self._restart(w, "crash", detail)
-            raise self._error(slot, "crash", detail) from None
-        except ray.exceptions.RayTaskError as e:
-            cause = e.cause if getattr(e, "cause", None) is not None else e
-            raise self._error(slot, "exception", f"{type(cause).__name__}: {cause}") from None
-        except Exception as e:  # noqa: BLE001 - e.g. an action Ray cannot serialise: fails only this call
-            raise self._error(slot, "exception", f"the {method} request failed in Ray: "
-                                                 f"{type(e).__name__}: {e}") from None
+            self._lose_batch(w, actor, calls, "crash", f"actor died: {str(e).splitlines()[0]}")
+            return
+        except Exception as e:  # noqa: BLE001 - e.g. Ray could not send the answers: fails this batch's calls
+            for c in calls:
+                _fail(c, self._error(c.slot, "exception", f"the {c.method} request failed in Ray: "
+                                                          f"{type(e).__name__}: {e}"))
+            return
+        for c, (ok, data) in zip(calls, answers, strict=True):
+            if c.done.done():
+                continue
+            if not ok:
+                c.done.set_exception(self._error(c.slot, "exception", f"{data[0]}: {data[1]}"))
+                continue
+            try:
+                c.done.set_result(pickle.loads(data))  # noqa: S301 - our own actor's answer
+            except Exception as e:  # noqa: BLE001 - e.g. a class only the actor can import
+                c.done.set_exception(self._error(c.slot, "exception", f"the result of {c.method} cannot be unpickled "
+                                                 f"in the pool's process ({type(e).__name__}: {e}); return plain "
+                                                 "Python objects"))
+
+    def _lose_batch(self, w: int, actor: Any, calls: list[_Call], cause: str, detail: str) -> None:
+        """The batch's actor hung or died: fail its calls and replace the actor (once, if it still serves ``w``)."""
+        for c in calls:
+            _fail(c, self._error(c.slot, cause, detail))
+        if self.actors[w] is actor:
+            self._restart(w, cause, detail)
 
     def restarts(self) -> int:
         return self._restarts
@@ -247,3 +335,8 @@ class RayEnvPool(SlotFront):
                         ray.kill(a, no_restart=True)
                     except Exception:  # noqa: BLE001, S110
                         pass
+
+
+def _fail(call: _Call, error: EnvError) -> None:
+    if not call.done.done():
+        call.done.set_exception(error)
