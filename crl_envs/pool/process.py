@@ -148,6 +148,8 @@ class ProcessPool(SlotFront):
         return errors
 
     def _on_readable(self, w: _Worker) -> None:
+        if w.reader is None:  # stopped in this turn of the loop
+            return
         try:
             frames = w.reader.read()
         except OSError:
@@ -175,7 +177,7 @@ class ProcessPool(SlotFront):
             else:
                 name, msg, tb = pickle.loads(data)  # noqa: S301 - our own worker's error
                 call.done.set_exception(self._error(call.slot, "exception", f"{name}: {msg}\n{tb}".strip()))
-        if w.reader is not None and w.reader.eof:
+        if w.reader.eof:
             w.process.join(timeout=1)
             self._restart(w, "crash", describe_exit(w.process))
 
