@@ -111,6 +111,26 @@ def test_chat_seeds_stop_strings_and_logprobs_match_the_model(engine, tiny):
     assert g.token_ids[0] == int(logits.argmax())
 
 
+def test_a_json_schema_goes_through_vllms_structured_outputs(engine):
+    schema = {"type": "object", "additionalProperties": False, "required": ["op", "target_ids", "title"],
+              "properties": {"op": {"enum": ["add", "update", "none"]},
+                             "target_ids": {"type": "array", "items": {"enum": [3, 8]}, "minItems": 1, "maxItems": 2},
+                             "title": {"type": "string", "minLength": 1, "maxLength": 12, "pattern": r"^\S.*$"}}}
+    free_json = 0
+    for seed in range(4):
+        c = _run(engine.chat(MESSAGES, SamplingParams(max_tokens=200, temperature=1.0, seed=seed, json_schema=schema)))
+        value = json.loads(c.text)
+        assert value["op"] in ("add", "update", "none") and set(value["target_ids"]) <= {3, 8}
+        assert 1 <= len(value["title"]) <= 12 and " " not in c.text.replace(value["title"], "")  # compact JSON
+        free = _run(engine.chat(MESSAGES, SamplingParams(max_tokens=60, temperature=1.0, seed=seed)))
+        try:
+            json.loads(free.text)
+            free_json += 1
+        except ValueError:
+            pass
+    assert free_json == 0  # the random model writes no JSON of its own: the schema did it
+
+
 def test_scores_through_prompt_logprobs_equal_the_transformers_backend(engine, tiny):
     ref = _reference(tiny)
     got, want = _run(engine.score_full(MESSAGES, DOOR_NAMES)), _run(ref.score_full(MESSAGES, DOOR_NAMES))

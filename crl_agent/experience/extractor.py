@@ -7,6 +7,12 @@
   ``KEEP``.
 - **answer**: a search-and-ask question is answered from retrieved entries.
 
+Replies can be constrained by construction: :func:`distil_schema` and :func:`merge_schema` are the
+JSON Schemas of exactly the shapes the prompts show (``SamplingParams.json_schema``; the manager
+sends them), so a backend that honours them returns JSON these parsers read; they still check what
+it means (a target id must have been shown, a discard must leave one entry). Answers are prose and
+stay unconstrained.
+
 Entries are a title plus content written as a generalisable if-then rule. Parsers never raise:
 they return what they could use and a list of errors (malformed JSON, unknown op, a target id
 that was not shown), so a small or untrained extractor cannot crash the manager or corrupt the
@@ -225,6 +231,51 @@ def merge_messages(task: str, cluster: list[ExperienceEntry]) -> list[Message]:
 def answer_messages(task: str, question: str, entries: list[ExperienceEntry]) -> list[Message]:
     user = f"Task: {task}\nLessons from past episodes:\n{format_entries(entries)}\n\nQuestion: {question}"
     return [{"role": "system", "content": ANSWER_SYSTEM}, {"role": "user", "content": user}]
+
+
+# ---------------------------------------------------------------------------- schemas
+# Strings in schema-constrained replies: one line that starts with a visible character (the parsers
+# drop blank titles and contents), short enough that MAX_OPS operations fit a 512-token reply.
+SCHEMA_TITLE_CHARS = 80
+SCHEMA_CONTENT_CHARS = 300
+
+
+def _text(max_chars: int) -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": r"^\S.*$"}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+def _id_list(ids: list[int], max_items: int) -> dict[str, Any]:
+    return {"type": "array", "items": {"enum": ids}, "minItems": 1, "maxItems": max_items}
+
+
+def distil_schema(valid_ids: set[int] | list[int]) -> dict[str, Any]:
+    """The JSON Schema of a distil reply: the shape :data:`DISTIL_SYSTEM` shows and :func:`parse_distil`
+    reads, ``update`` only when entries were shown and only with their ids as targets."""
+    ids = sorted({int(i) for i in valid_ids})
+    entry = {"title": _text(SCHEMA_TITLE_CHARS), "content": _text(SCHEMA_CONTENT_CHARS)}
+    ops = [_object({"op": {"const": "add"}, **entry})]
+    if ids:
+        ops.append(_object({"op": {"const": "update"}, "target_ids": _id_list(ids, len(ids)), **entry}))
+    ops.append(_object({"op": {"const": "none"}}))
+    operations = {"type": "array", "items": {"anyOf": ops}, "minItems": 1, "maxItems": MAX_OPS}
+    return {"title": "distil_operations", **_object({"operations": operations})}
+
+
+def merge_schema(cluster_ids: list[int]) -> dict[str, Any]:
+    """The JSON Schema of a merge reply (:data:`MERGE_SYSTEM`, :func:`parse_merge`): ``REWRITE`` into at
+    most as many entries as the cluster holds, ``DISCARD`` of cluster ids only and never all of them."""
+    ids = sorted({int(i) for i in cluster_ids})
+    entry = {"title": _text(SCHEMA_TITLE_CHARS), "content": _text(SCHEMA_CONTENT_CHARS)}
+    rewrite = {"type": "array", "items": _object(entry), "minItems": 1, "maxItems": max(1, len(ids))}
+    decisions = [_object({"op": {"const": "MERGE"}, **entry}), _object({"op": {"const": "REWRITE"}, "entries": rewrite})]
+    if len(ids) > 1:
+        decisions.append(_object({"op": {"const": "DISCARD"}, "target_ids": _id_list(ids, len(ids) - 1)}))
+    decisions.append(_object({"op": {"const": "KEEP"}}))
+    return {"title": "merge_decision", "anyOf": decisions}
 
 
 # ---------------------------------------------------------------------------- parsers

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -61,6 +62,10 @@ class ManagerConfig:
         diversity: retrieval diversification.
         seed: seed of the dropout-move RNG.
         distil_params, merge_params, answer_params: extractor sampling per job.
+        constrained: send distil and merge calls the JSON Schema of their replies
+            (:func:`~crl_agent.experience.extractor.distil_schema`, ``SamplingParams.json_schema``), so a
+            backend that honours it (transformers, vllm, an openai server with ``response_format``) writes
+            operations that parse by construction; False leaves the replies free and the lenient parser alone.
         max_trajectory_chars: trajectory text budget in the distil prompt.
     """
 
@@ -79,6 +84,7 @@ class ManagerConfig:
     merge_params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=384, temperature=0.3))
     answer_params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=160, temperature=0.3))
     max_trajectory_chars: int = 8000
+    constrained: bool = True
 
 
 @dataclass
@@ -333,13 +339,18 @@ class ExperienceManager:
                 self._pending -= 1
                 self._distil_q.task_done()
 
+    def _with_schema(self, params: SamplingParams, schema: dict[str, Any]) -> SamplingParams:
+        return dataclasses.replace(params, json_schema=schema) if self.config.constrained else params
+
     async def distil(self, traj: ex.Trajectory) -> list[ex.DistilOp]:
         """Run the extractor on one trajectory and apply its operations; returns the applied ops."""
         if self.extractor is None:
             raise RuntimeError("no extractor: pass an LLM to ExperienceManager to distil trajectories")
         messages = ex.distil_messages(traj, self.config.max_trajectory_chars)
-        completion = await self.extractor.chat(messages, self.config.distil_params)
-        ops, errors = ex.parse_distil(completion.text, {e.id for e in traj.retrieved})
+        valid_ids = {e.id for e in traj.retrieved}
+        params = self._with_schema(self.config.distil_params, ex.distil_schema(valid_ids))
+        completion = await self.extractor.chat(messages, params)
+        ops, errors = ex.parse_distil(completion.text, valid_ids)
         call_id = self._new_call_id()
         async with self.lock.write():
             applied, touched, apply_errors = await asyncio.to_thread(self._apply_distil, traj, ops, call_id)
@@ -416,7 +427,8 @@ class ExperienceManager:
         assert self.extractor is not None
         messages = ex.merge_messages(task, cluster)
         try:
-            completion = await self.extractor.chat(messages, self.config.merge_params)
+            params = self._with_schema(self.config.merge_params, ex.merge_schema([e.id for e in cluster]))
+            completion = await self.extractor.chat(messages, params)
         except Exception as e:  # noqa: BLE001
             self.stats["extractor_errors"] += 1
             log.warning("merge extractor call failed: %s", e)

@@ -30,9 +30,11 @@ see :class:`LLM`.
 from __future__ import annotations
 
 import abc
+import json
 import math
 import numbers
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,11 @@ class SamplingParams:
         top_p: nucleus sampling mass.
         stop: strings that end the completion; the stop string itself is not returned.
         seed: per-request sampling seed (``None``: the backend's own stream).
+        json_schema: a JSON Schema the reply must follow, as JSON text (a dict is accepted and stored as
+            ``json.dumps`` of it). The transformers backend masks every token that would break it
+            (:mod:`crl_agent.llm.constrained`), vLLM uses its structured outputs, the openai backend
+            sends ``response_format`` where the server takes it. Replies are compact JSON
+            (``", "`` and ``": "`` separators); a caller still checks what they mean.
     """
 
     max_tokens: int = 256
@@ -57,6 +64,11 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    json_schema: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.json_schema, Mapping):  # frozen: stored as text, so params stay hashable
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
 
 
 @dataclass
@@ -191,6 +203,13 @@ def check_sampling_params(params: SamplingParams) -> SamplingParams:
         raise bad("stop must be a tuple of strings")
     if params.seed is not None and not integer(params.seed):
         raise bad("seed must be an int or None")
+    if params.json_schema is not None:
+        try:
+            schema = json.loads(params.json_schema) if isinstance(params.json_schema, str) else None
+        except ValueError:
+            schema = None
+        if not isinstance(schema, dict):
+            raise bad("json_schema must be a JSON Schema object (a dict or its JSON text) or None")
     return params
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_agent.llm.base import Completion, SamplingParams
+from crl_agent.llm.constrained import SchemaConstraint, close_reserve
 from crl_agent.llm.prefix_cache import PrefixCache
 
 _LOGIT_CHUNK = 256  # rows of vocabulary-sized logits materialised at once
@@ -44,6 +45,7 @@ class GenRequest:
     max_new: int
     seed: int
     cancelled: bool = False  # set from the event loop when the caller gave up; the decoder drops the row
+    constraint: SchemaConstraint | None = None  # params.json_schema's matcher (crl_agent.llm.constrained)
 
 
 @dataclass
@@ -317,7 +319,18 @@ class ForwardEngine:
         u = torch.rand(1, generator=gen, dtype=cdf.dtype) * cdf[-1]
         return int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
 
-    def _decode(self, reqs: list[GenRequest], kv_cache, logits, mask, version: int) -> list[Completion]:
+    def _sample_constrained(self, logits, req: GenRequest, gen, generated: int) -> int:
+        """A token the request's schema allows: sampled from the masked logits, or, in the last
+        :func:`~crl_agent.llm.constrained.close_reserve` tokens, the one that closes the document soonest."""
+        assert req.constraint is not None
+        allowed = req.constraint.allowed()
+        if not bool(allowed.any()):
+            raise RuntimeError(f"the schema allows no next token: {req.constraint.error() or 'dead end'}")
+        if req.max_new - generated <= close_reserve(req.max_new):
+            return req.constraint.closing_token(logits, allowed)
+        return self._sample(logits.masked_fill(~allowed, float("-inf")), req.params, gen)
+
+    def _decode(self, reqs: list[GenRequest], kv_cache, logits, mask, version: int) -> list[Completion | Exception]:
         torch, dev = self.torch, self.device
         n = len(reqs)
         gens = [torch.Generator().manual_seed(r.seed) for r in reqs]
@@ -328,6 +341,7 @@ class ForwardEngine:
         sampled: list[list[float]] = [[] for _ in reqs]  # under the tempered distribution the token came from
         finish = ["length"] * n
         stop_at: list[int | None] = [None] * n
+        failed: dict[int, Exception] = {}
         while active:
             logprobs = torch.log_softmax(logits, dim=-1)
             keep_rows, feed = [], []
@@ -335,13 +349,23 @@ class ForwardEngine:
                 r = reqs[i]
                 if r.cancelled:  # nobody waits for this row any more
                     continue
-                tok = self._sample(logits[row], r.params, gens[i])
+                if r.constraint is None:
+                    tok = self._sample(logits[row], r.params, gens[i])
+                else:
+                    try:
+                        tok = self._sample_constrained(logits[row], r, gens[i], len(gen_ids[i]))
+                    except RuntimeError as e:  # fails this request only
+                        failed[i] = e
+                        continue
                 gen_ids[i].append(tok)
                 lps[i].append(float(logprobs[row, tok]))
                 temperature = r.params.temperature
                 sampled[i].append(lps[i][-1] if temperature <= 0 or temperature == 1 else
                                   float(torch.log_softmax(logits[row] / temperature, dim=-1)[tok]))
                 done = False
+                if r.constraint is not None and not r.constraint.advance(tok) and tok not in self.eos_ids:
+                    failed[i] = RuntimeError(f"the schema rejected token {tok}: {r.constraint.error()}")
+                    continue
                 if tok in self.eos_ids:
                     finish[i], done = "stop", True
                 elif r.params.stop:
@@ -368,8 +392,11 @@ class ForwardEngine:
             )
             logits = out.logits[:, -1, :].float().cpu()  # the model's own forward applies any soft-capping
             next_pos = next_pos + 1
-        results = []
+        results: list[Completion | Exception] = []
         for i, r in enumerate(reqs):
+            if i in failed:
+                results.append(failed[i])
+                continue
             text = self.decode_ids(gen_ids[i])
             if stop_at[i] is not None:
                 text = text[: stop_at[i]]

@@ -29,6 +29,12 @@ when the server returns them. Token ids come back only from servers that return 
 strings, as vLLM does with ``return_tokens_as_token_ids``); elsewhere ``token_ids`` is empty
 and ``Completion.completion_tokens`` falls back to the server's ``usage``.
 
+``SamplingParams.json_schema`` is sent as ``response_format: {"type": "json_schema", "json_schema":
+{"name": ..., "schema": ..., "strict": true}}`` (OpenAI, vLLM, SGLang and llama.cpp's server take it).
+A server that answers 400/422 with a message naming ``response_format`` or ``json_schema`` is asked
+again without it, and never sent it again (:attr:`OpenAILLM.response_format_supported` turns False,
+logged once): the reply is then free text and the caller's lenient parser reads it, as before.
+
 Scoring (:meth:`OpenAILLM.score_full`) needs the served model's tokenizer here
 (``tokenizer=<local HF tokenizer or model directory>``, or ``"smollm2"``): the chat template is
 applied client-side and each ``prompt + candidate + end-of-turn`` is sent as token ids to
@@ -164,6 +170,8 @@ class OpenAILLM(LLM):
         self._client = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._sem: asyncio.Semaphore | None = None
+        # None: not tried yet; False: the server refused response_format once, so schemas are not sent
+        self.response_format_supported: bool | None = None
 
     def __repr__(self) -> str:
         return f"OpenAILLM(model={self.model!r}, base_url={self.base_url!r}, api_key_env={self.api_key_env!r})"
@@ -192,7 +200,22 @@ class OpenAILLM(LLM):
             json.dumps(body, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise ValueError(f"the request cannot be sent as JSON (check messages and extra_body): {e}") from None
-        data = await self._request("POST", "/chat/completions", body)
+        if params.json_schema is None or self.response_format_supported is False:
+            data = await self._request("POST", "/chat/completions", body)
+            return self._parse(data, model)
+        try:
+            data = await self._request("POST", "/chat/completions", {**body, "response_format": _response_format(
+                params.json_schema)})
+        except _HTTPStatusError as e:
+            if not _refuses_response_format(e):
+                raise
+            if self.response_format_supported is not False:
+                log.warning("%s does not take response_format json_schema (%s); replies are unconstrained from now on",
+                            self.base_url, str(e)[:200])
+            self.response_format_supported = False
+            data = await self._request("POST", "/chat/completions", body)
+        else:
+            self.response_format_supported = True
         return self._parse(data, model)
 
     async def score_full(self, messages: list[Message], candidates: list[str]) -> ScoreResult:
@@ -476,6 +499,19 @@ def _text_parts(content: Any) -> str:
     if not isinstance(content, list):
         return ""
     return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def _response_format(schema_text: str) -> dict[str, Any]:
+    schema = json.loads(schema_text)
+    name = schema.get("title") if isinstance(schema.get("title"), str) else "reply"
+    name = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)[:64] or "reply"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+def _refuses_response_format(error: _HTTPStatusError) -> bool:
+    """A 400/422 whose message is about ``response_format`` (unsupported here, or this schema refused)."""
+    text = str(error).lower()
+    return error.status in (400, 422) and any(k in text for k in ("response_format", "json_schema", "response format"))
 
 
 def _retry_after_seconds(value: str | None) -> float | None:

@@ -37,6 +37,10 @@ by bisection, so a chat of thousands of turns costs a few renders, not one per t
 message that is still too long keeps its tail. Only a system message too long for the context
 is an error (:class:`~crl_agent.llm.base.ContextLengthError`).
 
+``SamplingParams.json_schema``: at every decoding step the tokens that would break the schema are
+masked (:mod:`crl_agent.llm.constrained`, llguidance), so the reply is JSON of that schema, closed
+before ``max_tokens``; a schema that cannot be compiled is a ``ValueError`` before queueing.
+
 Bad requests (empty or malformed ``messages``, ``max_tokens < 1``, a NaN temperature...) raise
 ``ValueError`` before they are queued, so they never fail the batch they would have joined.
 A ``chat`` cancelled while its batch runs leaves the batch at the next decoding step.
@@ -65,6 +69,7 @@ from crl_agent.llm.base import (
 )
 from crl_agent.llm.batching import RequestBatcher
 from crl_agent.llm.chat_tokens import candidate_token_ids, find_end_of_turn, render_chat_ids
+from crl_agent.llm.constrained import SchemaCompiler
 from crl_agent.llm.hf_engine import ForwardEngine, GenRequest, ScoreOutput, ScoreRequest
 from crl_agent.llm.models import resolve_model_path
 from crl_agent.llm.prefix_cache import PrefixCache
@@ -224,6 +229,7 @@ class TransformersLLM(LLM):
         self.max_batch_size = max_batch_size
         self.score_chunk, self.score_chunk_tokens = int(score_chunk), int(score_chunk_tokens)
         self.prefix_cache = PrefixCache(int(prefix_cache_bytes))
+        self._schemas = SchemaCompiler(self.tokenizer, self.vocab_size, self.eos_ids, self._tok_lock)
         self._engine = ForwardEngine(
             self.model, device=device, pad_id=self.pad_id, eos_ids=self.eos_ids, cache=self.prefix_cache,
             decode_ids=self._decode_ids, model_name=self.model_name, policy_version=lambda: self.policy_version,
@@ -270,7 +276,10 @@ class TransformersLLM(LLM):
             raise ContextLengthError(f"{len(prompt_ids)} prompt tokens + max_tokens {max_new} is over the context "
                                      f"of {self.max_context} tokens")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        request = GenRequest(prompt_ids, params, max_new, int(seed) % 2**64)  # torch seeds are 64-bit
+        constraint = None
+        if params.json_schema is not None:  # compiled here: a bad schema fails before it is queued
+            constraint = await asyncio.to_thread(self._schemas.constraint, params.json_schema)
+        request = GenRequest(prompt_ids, params, max_new, int(seed) % 2**64, constraint=constraint)  # 64-bit seeds
         return await self._submit(request)
 
     async def score_full(self, messages: list[Message], candidates: list[str]) -> ScoreResult:

@@ -11,6 +11,12 @@ calls are micro-batched (:class:`~crl_agent.llm.batching.RequestBatcher`) into o
 ``LLM.generate`` call with per-request sampling params, run in a worker thread. For a
 long-running shared server, run ``vllm serve`` and use the ``openai`` backend instead.
 
+A request with ``SamplingParams.json_schema`` goes through vLLM's structured outputs
+(``StructuredOutputsParams(json=...)``). The engine defaults to the ``guidance`` backend (llguidance,
+the library the transformers backend masks with) with ``disable_any_whitespace``, so replies are
+compact JSON as there (pass ``structured_outputs_config=...`` to choose otherwise); vLLM does not close
+a document cut at ``max_tokens``, so a schema there needs bounds that fit it.
+
 Log-probs come from vLLM's ``logprobs=0`` (the sampled token's log-prob; vLLM reports the raw
 model distribution by default), aligned with the returned token ids.
 
@@ -213,6 +219,9 @@ class VLLMLLM(LLM):
             self.engine_kwargs.setdefault("max_lora_rank", _adapter_rank(adapter))
         if "max_lora_rank" in self.engine_kwargs:  # e.g. a trainer's rank 4: vLLM takes 1, 8, 16, ...
             self.engine_kwargs["max_lora_rank"] = lora_slot(int(self.engine_kwargs["max_lora_rank"]))
+        # compact JSON for schema-constrained requests: free whitespace lets a small model pad to its cap
+        self.engine_kwargs.setdefault("structured_outputs_config",
+                                      {"backend": "guidance", "disable_any_whitespace": True})
         engine_kwargs = dict(self.engine_kwargs)
         self.on_cpu = on_cpu_build()
         if self.on_cpu:  # GPU placement means nothing there; the KV cache size is an environment variable
@@ -349,6 +358,8 @@ class VLLMLLM(LLM):
                 stop=list(r.params.stop) or None,
                 seed=None if r.params.seed is None else int(r.params.seed) % 2**64,
                 logprobs=0,
+                structured_outputs=None if r.params.json_schema is None else
+                vllm.sampling_params.StructuredOutputsParams(json=json.loads(r.params.json_schema)),
             )
             for r in reqs
         ]
