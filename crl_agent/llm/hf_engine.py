@@ -21,6 +21,14 @@ but the last, in chunks, so 1,000 candidates never build a 1,000 x vocabulary lo
 
 After the forward, each request's prompt keys/values go back into the cache; generation rows then
 decode together with a 2D padding mask, leaving the batch as they finish.
+
+Scoring never waits for decoding (continuous batching for scores): a batch's scoring forwards run
+before its generations decode and their results are delivered at once, and every
+``interleave_steps`` decoding steps the engine takes the scoring requests that arrived since the
+batch started (:class:`~crl_agent.llm.batching.BatchWindow`), runs their forwards as a batch of
+their own, delivers them, and goes on decoding. A scoring forward builds its own key/value cache, so
+the generations' caches and sampling streams are untouched: scores and sampled tokens equal those of
+the same requests run alone.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_agent.llm.base import Completion, SamplingParams
+from crl_agent.llm.batching import BatchWindow
 from crl_agent.llm.constrained import SchemaConstraint, close_reserve
 from crl_agent.llm.prefix_cache import PrefixCache
 
@@ -106,6 +115,7 @@ class ForwardEngine:
         model_name: str,
         policy_version: Callable[[], int],
         max_forward_tokens: int = 8192,
+        interleave_steps: int = 4,
     ):
         import torch
         import transformers
@@ -115,6 +125,8 @@ class ForwardEngine:
         self.cache, self.decode_ids, self.model_name = cache, decode_ids, model_name
         self.policy_version = policy_version
         self.max_forward_tokens = max_forward_tokens
+        self.interleave_steps = int(interleave_steps)
+        self.on_decode_step: Callable[[int], None] | None = None  # observer, called after each decoding step
         self.base = model.base_model
         self.head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
@@ -124,8 +136,11 @@ class ForwardEngine:
                                                     for x in probe.layers)
 
     # ---------------------------------------------------------------- batches
-    def run(self, reqs: list[GenRequest | ScoreRequest]) -> list[Any]:
-        """One result per request: a Completion, a ScoreOutput or an exception."""
+    def run(self, reqs: list[GenRequest | ScoreRequest], window: BatchWindow | None = None) -> list[Any]:
+        """One result per request: a Completion, a ScoreOutput or an exception.
+
+        With a ``window`` (the batcher's), each group's results are delivered as soon as it is done, and
+        decoding takes in the scoring requests that arrive meanwhile (see the module docstring)."""
         torch = self.torch
         results: list[Any] = [RuntimeError("cancelled before it ran")] * len(reqs)
         live = [i for i, r in enumerate(reqs) if not r.cancelled]
@@ -133,7 +148,7 @@ class ForwardEngine:
         plans = {i: self._plan(reqs[i]) for i in live}
         gens = [i for i in live if isinstance(reqs[i], GenRequest)]
         scores = [i for i in live if isinstance(reqs[i], ScoreRequest)]
-        groups: list[list[int]] = [gens] if gens else []
+        groups: list[list[int]] = []
         for i in scores:  # pack scoring requests by padded width (rows x longest new-token run)
             group = groups[-1] if groups else None
             if group is not None:
@@ -142,15 +157,28 @@ class ForwardEngine:
                     group.append(i)
                     continue
             groups.append([i])
+        if gens:  # after the scores: they are short, and must not wait for decoding
+            groups.append(gens)
         with torch.inference_mode():
             for group in groups:
                 try:
-                    for i, res in zip(group, self._run_group([plans[i] for i in group], cache_version), strict=True):
+                    done = self._run_group([plans[i] for i in group], cache_version, window)
+                    for i, res in zip(group, done, strict=True):
                         results[i] = res
                 except Exception as e:  # noqa: BLE001 - fails this forward's requests, not the batcher
                     for i in group:
                         results[i] = e
+                if window is not None:
+                    for i in group:
+                        window.deliver(i, results[i])
         return results
+
+    def _take_in(self, window: BatchWindow) -> None:
+        """Run the requests that arrived while decoding (scores) and deliver their results."""
+        late = window.take()
+        if late:
+            for (_, resolve), res in zip(late, self.run([req for req, _ in late]), strict=True):
+                resolve(res)
 
     def _plan(self, req: GenRequest | ScoreRequest) -> _Row:
         prompt = req.prompt_ids
@@ -170,7 +198,7 @@ class ForwardEngine:
                 row.pos += range(len(prompt), len(prompt) + len(cand))
         return row
 
-    def _run_group(self, rows: list[_Row], cache_version: int) -> list[Any]:
+    def _run_group(self, rows: list[_Row], cache_version: int, window: BatchWindow | None = None) -> list[Any]:
         torch, dev = self.torch, self.device
         version = self.policy_version()
         n_rows, past = len(rows), max(r.cached for r in rows)
@@ -209,7 +237,7 @@ class ForwardEngine:
             idx = torch.arange(past)
             past_ok = idx[None, :] < cached[gen_rows][:, None]
             attn = torch.cat([past_ok, seg[gen_rows] == 0], dim=1).long().to(dev)
-            completions = self._decode([rows[b].req for b in gen_rows], kv_cache, logits, attn, version)
+            completions = self._decode([rows[b].req for b in gen_rows], kv_cache, logits, attn, version, window)
             for b, c in zip(gen_rows, completions, strict=True):
                 results[b] = c
         return results
@@ -330,7 +358,8 @@ class ForwardEngine:
             return req.constraint.closing_token(logits, allowed)
         return self._sample(logits.masked_fill(~allowed, float("-inf")), req.params, gen)
 
-    def _decode(self, reqs: list[GenRequest], kv_cache, logits, mask, version: int) -> list[Completion | Exception]:
+    def _decode(self, reqs: list[GenRequest], kv_cache, logits, mask, version: int,
+                window: BatchWindow | None = None) -> list[Completion | Exception]:
         torch, dev = self.torch, self.device
         n = len(reqs)
         gens = [torch.Generator().manual_seed(r.seed) for r in reqs]
@@ -342,6 +371,7 @@ class ForwardEngine:
         finish = ["length"] * n
         stop_at: list[int | None] = [None] * n
         failed: dict[int, Exception] = {}
+        steps = 0
         while active:
             logprobs = torch.log_softmax(logits, dim=-1)
             keep_rows, feed = [], []
@@ -392,6 +422,11 @@ class ForwardEngine:
             )
             logits = out.logits[:, -1, :].float().cpu()  # the model's own forward applies any soft-capping
             next_pos = next_pos + 1
+            steps += 1
+            if self.on_decode_step is not None:
+                self.on_decode_step(steps)
+            if window is not None and self.interleave_steps > 0 and steps % self.interleave_steps == 0:
+                self._take_in(window)
         results: list[Completion | Exception] = []
         for i, r in enumerate(reqs):
             if i in failed:

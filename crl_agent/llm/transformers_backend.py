@@ -3,7 +3,9 @@
 Concurrent :meth:`TransformersLLM.chat` and :meth:`TransformersLLM.score_full` calls are collected
 by a :class:`~crl_agent.llm.batching.RequestBatcher` (a few ms, up to ``max_batch_size``) and run
 together in a worker thread (:mod:`crl_agent.llm.hf_engine`): one forward computes every prompt's
-uncached tokens and every candidate, then generations decode together. Each request keeps its own
+uncached tokens and every candidate, then generations decode together. Scores never wait for a long
+generation (an extractor's distillation): those that arrive while it decodes run between its
+decoding steps (``interleave_steps``) and return at once. Each request keeps its own
 sampling settings (temperature, top-p, seed, stop strings, max tokens), and rows that finish leave
 the batch early.
 
@@ -152,6 +154,9 @@ class TransformersLLM(LLM):
         score_chunk: most candidates per scoring request sent to the batcher.
         score_chunk_tokens: most candidate tokens per scoring request sent to the batcher.
         max_forward_tokens: rows x padded width of one scoring forward pass.
+        interleave_steps: while generations decode, run the scoring requests that arrived since their
+            batch started every this many decoding steps (:mod:`crl_agent.llm.hf_engine`); 0: scores
+            wait for the batch that is running to finish, as before.
     """
 
     name = "transformers"
@@ -172,6 +177,7 @@ class TransformersLLM(LLM):
         score_chunk_tokens: int = 1024,
         max_forward_tokens: int = 8192,
         adapter: str | Path | None = None,
+        interleave_steps: int = 4,
     ):
         torch, transformers = _import_torch()
         self._torch, self._transformers = torch, transformers
@@ -233,10 +239,12 @@ class TransformersLLM(LLM):
         self._engine = ForwardEngine(
             self.model, device=device, pad_id=self.pad_id, eos_ids=self.eos_ids, cache=self.prefix_cache,
             decode_ids=self._decode_ids, model_name=self.model_name, policy_version=lambda: self.policy_version,
-            max_forward_tokens=int(max_forward_tokens),
+            max_forward_tokens=int(max_forward_tokens), interleave_steps=int(interleave_steps),
         )
+        self.interleave_steps = int(interleave_steps)
         self._batcher: RequestBatcher[GenRequest | ScoreRequest, Completion | ScoreOutput] = RequestBatcher(
-            self._engine.run, max_batch_size=max_batch_size, max_wait_s=batch_wait_ms / 1000, thread_name="hf-gen"
+            self._engine.run, max_batch_size=max_batch_size, max_wait_s=batch_wait_ms / 1000, thread_name="hf-gen",
+            interleave=(lambda r: isinstance(r, ScoreRequest)) if self.interleave_steps > 0 else None,
         )
 
     # ------------------------------------------------------------------ public
@@ -473,6 +481,7 @@ class TransformersLLM(LLM):
             "max_batch_size": self.max_batch_size,
             "max_context": self.max_context,
             "prefix_cache_bytes": self.prefix_cache.max_bytes,
+            "interleave_steps": self.interleave_steps,
             "end_of_turn_ids": list(self.end_of_turn_ids),
         }
 

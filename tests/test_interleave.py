@@ -1,0 +1,178 @@
+"""Scores never wait for a long generation: they run between its decoding steps (continuous batching).
+
+Deterministic by decoding-step counts, not wall time: a hook the engine calls after each decoding step
+submits a score at step 3 and, at step 20 of a 120-step generation, waits for that score to have
+returned; only interleaving lets it return there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from crl_agent.llm import SamplingParams  # noqa: E402
+from crl_agent.llm.batching import RequestBatcher  # noqa: E402
+from crl_agent.llm.transformers_backend import TransformersLLM  # noqa: E402
+
+CHAT = [{"role": "system", "content": "You write long notes."}, {"role": "user", "content": "Describe the room."}]
+ASK = [{"role": "system", "content": "You pick moves."}, {"role": "user", "content": "The stairs are east. Move?"}]
+MOVES = ["north", "south", "east", "west", "wait"]
+GEN_TOKENS = 120
+
+
+def _backend(tiny, interleave_steps: int) -> TransformersLLM:
+    llm = TransformersLLM(tiny, dtype="float32", prefix_cache_bytes=0, interleave_steps=interleave_steps)
+    llm.eos_ids = set()  # every generation decodes its full length
+    return llm
+
+
+def _score_during_generation(llm: TransformersLLM, wait_s: float, n_scores: int = 1, submit_at: int = 3):
+    """Generate GEN_TOKENS greedily; at decoding step ``submit_at`` submit ``n_scores`` scores, at step 20 wait
+    up to ``wait_s`` for them. Returns (completion, scores, returned-by-step-20, step counts seen when each
+    score returned, whether the generation had finished when the first score returned)."""
+    steps: list[int] = []
+    scores_done = threading.Event()
+    waited: list[bool] = []
+    seen_at: list[int] = []
+    gen_done_first: list[bool] = []
+    holder: dict = {}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        async def start_scores():
+            def returned(_):
+                seen_at.append(steps[-1] if steps else 0)
+                gen_done_first.append(holder["gen"].done())
+                if len(seen_at) == n_scores:
+                    scores_done.set()
+
+            holder["scores"] = [asyncio.ensure_future(llm.score(ASK, MOVES[: 3 + k])) for k in range(n_scores)]
+            for t in holder["scores"]:
+                t.add_done_callback(returned)
+
+        def hook(step: int) -> None:
+            steps.append(step)
+            if step == submit_at:
+                offered = llm.batch_stats.offered
+                asyncio.run_coroutine_threadsafe(start_scores(), loop).result(10)
+                deadline = time.monotonic() + (10 if llm.interleave_steps else 0.2)
+                while llm.batch_stats.offered < offered + n_scores and time.monotonic() < deadline:
+                    time.sleep(0.001)  # until the batcher has put them within this batch's reach
+            if step == 20:
+                waited.append(scores_done.wait(wait_s))
+
+        llm._engine.on_decode_step = hook
+        holder["gen"] = asyncio.ensure_future(llm.chat(CHAT, SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0)))
+        completion = await holder["gen"]
+        scores = await asyncio.gather(*holder["scores"])
+        llm._engine.on_decode_step = None
+        return completion, scores
+
+    completion, scores = asyncio.run(main())
+    return completion, scores, waited, seen_at, gen_done_first
+
+
+def test_a_score_submitted_while_a_generation_decodes_returns_before_it_finishes(tiny, one_thread):
+    llm = _backend(tiny, interleave_steps=2)
+    try:
+        completion, (scores,), waited, seen_at, gen_done_first = _score_during_generation(llm, wait_s=30)
+        assert waited == [True]  # back by decoding step 20 of 120
+        assert seen_at[0] <= 3 + 2 + 1 and gen_done_first == [False]
+        assert llm.batch_stats.interleaved == 1
+        assert len(completion.token_ids) == GEN_TOKENS
+        # identical to the same requests run alone
+        alone_score = asyncio.run(llm.score(ASK, MOVES[:3]))
+        alone_gen = asyncio.run(llm.chat(CHAT, SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0)))
+        assert scores == alone_score
+        assert completion.token_ids == alone_gen.token_ids and completion.logprobs == alone_gen.logprobs
+    finally:
+        asyncio.run(llm.aclose())
+
+
+def test_several_interleaved_scores_run_together_and_match_their_unbatched_values(tiny, one_thread):
+    llm = _backend(tiny, interleave_steps=4)
+    try:
+        completion, scores, waited, seen_at, _ = _score_during_generation(llm, wait_s=30, n_scores=3)
+        assert waited == [True] and max(seen_at) < 20
+        assert llm.batch_stats.interleaved == 3
+
+        async def together():  # the same three as one batch of their own, no generation running
+            return await asyncio.gather(*(llm.score(ASK, MOVES[: 3 + k]) for k in range(3)))
+
+        assert scores == asyncio.run(together())
+        for k, got in enumerate(scores):  # and each alone, up to the rounding of a padded batch
+            assert got == pytest.approx(asyncio.run(llm.score(ASK, MOVES[: 3 + k])), abs=1e-4)
+    finally:
+        asyncio.run(llm.aclose())
+
+
+def test_without_interleaving_the_score_waits_for_the_whole_generation(tiny, one_thread):
+    """The baseline the two tests above improve on (and proof that they can fail)."""
+    llm = _backend(tiny, interleave_steps=0)
+    try:
+        completion, (scores,), waited, seen_at, gen_done_first = _score_during_generation(llm, wait_s=0.5)
+        assert waited == [False] and seen_at == [GEN_TOKENS - 1] and len(completion.token_ids) == GEN_TOKENS
+        assert scores == asyncio.run(llm.score(ASK, MOVES[:3]))
+    finally:
+        asyncio.run(llm.aclose())
+
+
+def test_scores_in_a_generations_own_batch_are_delivered_before_it_decodes(tiny, one_thread):
+    llm = _backend(tiny, interleave_steps=4)
+    first_step_done: list[bool] = []
+
+    async def main():
+        score = asyncio.ensure_future(llm.score(ASK, MOVES))
+        gen = asyncio.ensure_future(llm.chat(CHAT, SamplingParams(max_tokens=40, temperature=0.0)))
+
+        def hook(step):
+            if step == 1:
+                time.sleep(0.05)  # leave the loop time to run the score's callbacks
+                first_step_done.append(score.done())
+
+        llm._engine.on_decode_step = hook
+        await asyncio.gather(score, gen)
+        return llm.batch_stats.sizes
+
+    try:
+        sizes = asyncio.run(main())
+        assert sizes[0] == 2 and first_step_done == [True]
+    finally:
+        asyncio.run(llm.aclose())
+
+
+def test_batcher_carries_untaken_and_refused_requests_into_the_next_batch():
+    """A running batch takes what ``interleave`` allows when it asks; the rest runs next, before newer work."""
+    batches: list[list[str]] = []
+    started = threading.Event()
+
+    def run(reqs, window):
+        batches.append(list(reqs))
+        if reqs == ["long"]:
+            started.set()
+            deadline = time.monotonic() + 10
+            while window._stats.offered < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            for req, resolve in window.take():
+                resolve(f"{req} inside")
+        return [f"{r} done" for r in reqs]
+
+    async def main():
+        b = RequestBatcher(run, max_batch_size=8, max_wait_s=0.001, interleave=lambda r: r.startswith("score"))
+        long = asyncio.ensure_future(b.submit("long"))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        gen = asyncio.ensure_future(b.submit("gen"))
+        s1, s2 = b.submit("score1"), b.submit("score2")
+        out = await asyncio.gather(long, gen, s1, s2)
+        await b.aclose()
+        return out, b.stats
+
+    out, stats = asyncio.run(main())
+    assert out == ["long done", "gen done", "score1 inside", "score2 inside"]
+    assert batches == [["long"], ["gen"]] and stats.interleaved == 2 and stats.offered == 2
