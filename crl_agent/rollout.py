@@ -21,24 +21,22 @@ groups, pass@k evaluation).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import inspect
 import time
 import traceback
 import warnings
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from crl_agent.agents.base import Agent, EpisodeContext
+from crl_agent.agents.base import Agent
+from crl_agent.episode import SUMMARY_FIELDS, Episode, EpisodeContext, EpisodeResult, Step, episode_key
+
+__all__ = ["SUMMARY_FIELDS", "CallableSlot", "EnvSlot", "Episode", "EpisodeContext", "EpisodeResult", "PoolSlot", "Step",
+           "episode_key", "json_safe", "open_pool", "play", "run_episode"]
 
 STEP_INFO_KEYS = ("valid_action", "success", "progress", "admissible_actions")
-SUMMARY_FIELDS = ("env_id", "seed", "sample", "success", "progress", "reward", "actions", "invalid_actions",
-                  "terminated", "truncated", "wall_time_s", "error", "tokens_in", "tokens_out", "extra")
-
-
-def episode_key(env_id: str, seed: int, sample: int = 0) -> str:
-    """The key of one episode: ``env_id#seed#sample``."""
-    return f"{env_id}#{seed}#{sample}"
 
 
 class EnvSlot(Protocol):
@@ -47,75 +45,6 @@ class EnvSlot(Protocol):
     async def reset(self, seed: int) -> tuple[str, dict[str, Any]]: ...
 
     async def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]: ...
-
-
-@dataclass
-class Step:
-    """One ``env.step`` of an episode, with the observation it answered."""
-
-    t: int
-    observation: str
-    admissible_actions: list[str] | None
-    action: str
-    reward: float
-    valid_action: bool
-    terminated: bool
-    truncated: bool
-    success: bool
-    progress: float
-    info: dict[str, Any] = field(default_factory=dict)
-    turn: dict[str, Any] | None = None
-
-
-@dataclass
-class Episode:
-    """A finished (or errored) episode: its summary fields, its steps and its final observation.
-
-    The summary fields are what ``episodes.jsonl`` records (:meth:`summary`); agents written for the
-    former ``EpisodeResult`` read the same attributes (``success``, ``progress``, ``extra``...).
-    """
-
-    env_id: str
-    seed: int
-    sample: int = 0
-    success: bool = False
-    progress: float = 0.0
-    reward: float = 0.0
-    actions: int = 0
-    invalid_actions: int = 0
-    terminated: bool = False
-    truncated: bool = False
-    wall_time_s: float = 0.0
-    error: str | None = None
-    tokens_in: int = 0
-    tokens_out: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-    task: str = ""
-    agent: str = ""
-    steps: list[Step] = field(default_factory=list)
-    final_observation: str = ""
-
-    @property
-    def key(self) -> str:
-        return episode_key(self.env_id, self.seed, self.sample)
-
-    def summary(self) -> dict[str, Any]:
-        """The ``episodes.jsonl`` fields (no steps)."""
-        return {k: getattr(self, k) for k in SUMMARY_FIELDS}
-
-    def to_dict(self) -> dict[str, Any]:
-        """Everything, JSON-ready (the trajectory record before any text-mode capping).
-
-        Shallow: the steps become new dicts, but their ``info`` and ``turn`` dicts are the episode's own
-        (``dataclasses.asdict``'s deep copy cost 9 ms per 100-step episode).
-        """
-        out = {k: getattr(self, k) for k in (*SUMMARY_FIELDS, "task", "agent", "final_observation")}
-        out["steps"] = [dict(vars(s)) for s in self.steps]
-        return out
-
-
-# The former name of the episode summary; kept so agents written against it still import.
-EpisodeResult = Episode
 
 
 def json_safe(value: Any, where: str = "value", _depth: int = 0) -> Any:
@@ -235,6 +164,64 @@ async def run_episode(
         ep.error = (ep.error or "") + f"on_episode_end raised {type(e).__name__}: {e}"
     ep.extra = json_safe(ep.extra, f"{ep.key} extra")
     return ep
+
+
+async def open_pool(envs: list[tuple[str, dict[str, Any]]], num_workers: int = 0, backend: str = "process",
+                    timeout: float = 60.0) -> Any:
+    """An env pool (``crl_envs.pool.make_pool``) over ``envs`` (``(env id, make kwargs)`` a slot), started.
+
+    ``num_workers=0`` runs the envs in this process (a thread each); otherwise in that many worker
+    processes, or Ray actors (``backend="ray"``). A pool that fails to start is closed before the error
+    is raised.
+    """
+    from crl_envs.pool import make_pool
+
+    pool = None
+    try:
+        pool = make_pool(envs, backend if num_workers > 0 else "inline", num_workers=num_workers or None,
+                         timeout=timeout)
+        await pool.start()
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+    return pool
+
+
+async def play(
+    pool: Any,
+    agent: Agent,
+    contexts: list[EpisodeContext],
+    *,
+    oracle: bool = False,
+    on_step: Callable[[EpisodeContext, Step], None] | None = None,
+    on_end: Callable[[EpisodeContext, Episode], None] | None = None,
+) -> list[Episode]:
+    """Play ``contexts`` concurrently on ``pool``, each on a free slot of its env id (so at most as many
+    at once as the pool has slots); returns their episodes in the order of ``contexts``.
+
+    ``oracle``: each episode's ``ctx.oracle`` is its slot's solver. ``on_step`` hears each step and
+    ``on_end`` each episode as it ends (after its slot is free again).
+    """
+    free: dict[str, asyncio.Queue] = {}
+    for i in range(pool.num_slots):
+        free.setdefault(pool.env_id(i), asyncio.Queue()).put_nowait(PoolSlot(pool, i))
+
+    async def one(ctx: EpisodeContext) -> Episode:
+        slots = free[ctx.env_id]
+        slot = await slots.get()
+        try:
+            if oracle:
+                ctx = dataclasses.replace(ctx, oracle=slot.oracle())
+            step_hook = None if on_step is None else lambda step: on_step(ctx, step)
+            episode = await run_episode(slot, agent, ctx, on_step=step_hook)
+        finally:
+            slots.put_nowait(slot)
+        if on_end is not None:
+            on_end(ctx, episode)
+        return episode
+
+    return list(await asyncio.gather(*(one(c) for c in contexts)))
 
 
 class PoolSlot:

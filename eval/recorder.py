@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from crl_agent.rollout import Episode
+from crl_agent.episode import Episode
 from eval.results import EpisodeLog, episode_record
 from eval.trajectories import FILENAME, MODES, encode_member, make_record
 

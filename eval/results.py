@@ -24,7 +24,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from crl_agent.rollout import Episode, episode_key
+from crl_agent.episode import Episode, episode_key
 
 SCHEMA_VERSION = "1.2"
 READABLE_SCHEMAS = ("1.0", "1.1", "1.2")

@@ -9,7 +9,7 @@ It writes ``episodes.jsonl`` (one record per episode, appended as episodes finis
 ``trajectories.jsonl.gz`` (every step of every episode, see :mod:`eval.trajectories`),
 ``summary.json`` (schema-versioned) and ``results.md`` into ``--out``, and prints a table.
 ``--resume`` skips the episodes already recorded there, so a killed run picks up where it stopped.
-Episodes are played by :func:`crl_agent.rollout.run_episode`, the loop the trainer uses too.
+Episodes are played by :func:`crl_agent.rollout.play`, the driver the trainer uses too.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import gymnasium as gym
 from tqdm import tqdm
 
 from crl_agent.agents import BUILTIN, Agent, EpisodeContext, load_agent_class, parse_agent_args
-from crl_agent.rollout import Episode, PoolSlot, episode_key, run_episode
-from crl_envs.pool import make_pool
+from crl_agent.episode import Episode, episode_key
+from crl_agent.rollout import open_pool, play
 from crl_envs.registry import has_solver
 from eval import report, trajectories
 from eval.recorder import RunRecorder
@@ -122,47 +122,33 @@ async def run_task(task: TaskRun, agent: Agent, recorder: RunRecorder) -> list[d
     if getattr(agent, "needs_solver", False) and not has_solver(env_id):
         raise TaskSetError(f"{env_id} has no solver (no oracle_action), so the {agent.name} agent cannot play it; "
                            "leave it out of --tasks or use another agent")
-    backend = task.backend if task.num_workers > 0 else "inline"
-    pool = None
     try:
-        pool = make_pool([(env_id, task.make_kwargs)] * n_envs, backend, num_workers=task.num_workers or None,
-                         timeout=task.step_timeout)
-        await pool.start()
+        pool = await open_pool([(env_id, task.make_kwargs)] * n_envs, num_workers=task.num_workers,
+                               backend=task.backend, timeout=task.step_timeout)
     except Exception as e:  # noqa: BLE001 - e.g. official data missing: one clear message, not a traceback
-        if pool is not None:
-            pool.close()
         raise TaskSetError(f"{env_id}: cannot create the env: {type(e).__name__}: {e}") from e
-    solver = has_solver(env_id)
-    envs: asyncio.Queue = asyncio.Queue()
-    for i in range(n_envs):
-        envs.put_nowait(PoolSlot(pool, i))
     cap = task.make_kwargs.get("max_episode_steps") or gym.spec(env_id).max_episode_steps or 100
     # The bar counts episodes but moves a little at every step, so slow (LLM) episodes show progress.
     bar = tqdm(total=len(task.episodes), desc=env_id, disable=task.quiet, unit="ep", leave=True,
                position=task.position, bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
     records: list[dict[str, Any]] = []
+    moved: dict[str, float] = {}  # per episode: how far its steps moved the bar
 
-    async def one(index: int, seed: int, sample: int) -> None:
-        env = await envs.get()
-        moved = 0.0
+    def on_step(ctx: EpisodeContext, _step) -> None:
+        key = episode_key(ctx.env_id, ctx.seed, ctx.sample)
+        if moved.get(key, 0.0) < 0.95:
+            bar.update(1.0 / cap)
+            moved[key] = moved.get(key, 0.0) + 1.0 / cap
 
-        def on_step(_step) -> None:
-            nonlocal moved
-            if moved < 0.95:
-                bar.update(1.0 / cap)
-                moved += 1.0 / cap
-
-        ctx = EpisodeContext(env_id, seed, index, sample=sample, oracle=env.oracle() if solver else None)
-        try:
-            episode: Episode = await run_episode(env, agent, ctx, on_step=None if task.quiet else on_step)
-        finally:
-            envs.put_nowait(env)
+    def on_end(ctx: EpisodeContext, episode: Episode) -> None:
         records.append(recorder.record(episode, **task.record_fields))
-        bar.update(1.0 - moved)
+        bar.update(1.0 - moved.pop(episode.key, 0.0))
         bar.set_postfix(success=f"{sum(r['success'] for r in records) / len(records):.2f}")
 
+    contexts = [EpisodeContext(env_id, seed, index, sample=sample) for index, seed, sample in task.episodes]
     try:
-        await asyncio.gather(*(one(i, s, k) for i, s, k in task.episodes))
+        await play(pool, agent, contexts, oracle=has_solver(env_id), on_step=None if task.quiet else on_step,
+                   on_end=on_end)
     finally:
         bar.close()
         pool.close()

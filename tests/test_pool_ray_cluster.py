@@ -106,6 +106,7 @@ class SlowOracleAgent(OracleAgent):
 
 def test_eval_run_on_ray_address_records_the_lost_nodes_episodes_as_errored_and_resume_replays_them(
         cluster, tmp_path, monkeypatch):
+    import crl_envs.pool as pool_mod
     from eval import run as eval_run
     from eval.results import EpisodeLog
     from eval.trajectories import load_trajectories
@@ -113,14 +114,14 @@ def test_eval_run_on_ray_address_records_the_lost_nodes_episodes_as_errored_and_
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # what a user sets to point --env-backend ray at a cluster
     assert not ray.is_initialized()
     pools = []
-    real_make_pool = eval_run.make_pool
+    real_make_pool = pool_mod.make_pool
 
     def make_pool(*args, **kwargs):  # keep a handle on the run's pool, to find a node that hosts an actor
         pool = real_make_pool(*args, **kwargs)
         pools.append((pool, asyncio.get_running_loop()))
         return pool
 
-    monkeypatch.setattr(eval_run, "make_pool", make_pool)
+    monkeypatch.setattr(pool_mod, "make_pool", make_pool)  # eval.run opens its pools through it
     out = tmp_path / "run"
     argv = ["--agent", f"{__name__}:SlowOracleAgent", "--tasks", ENV_ID, "--episodes", "12", "--concurrency", "4",
             "--num-workers", "3", "--env-backend", "ray", "--step-timeout", "30", "--quiet", "--out", str(out)]

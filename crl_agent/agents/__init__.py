@@ -6,7 +6,8 @@ import importlib
 import json
 from typing import Any
 
-from crl_agent.agents.base import Agent, EpisodeContext, Policy
+from crl_agent.agents.base import Agent, Policy
+from crl_agent.episode import Episode, EpisodeContext, EpisodeResult
 
 BUILTIN = {
     "random": "crl_agent.agents.random:RandomAgent",
@@ -46,11 +47,3 @@ def parse_agent_args(items: list[str]) -> dict[str, Any]:
             out[key] = raw
     return out
 
-
-def __getattr__(name: str):
-    # Episode lives in crl_agent.rollout, which imports this package: loaded on first use, not at import.
-    if name in ("Episode", "EpisodeResult"):
-        from crl_agent import rollout
-
-        return getattr(rollout, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,40 +21,11 @@ A minimal third-party agent::
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from crl_agent.rollout import Episode
+from crl_agent.episode import Episode, EpisodeContext
 
-
-@dataclass
-class EpisodeContext:
-    """What a policy may know about its episode before the first observation.
-
-    Attributes:
-        env_id: the Gymnasium id.
-        seed: the episode's reset seed.
-        episode_index: index of the episode within its task.
-        sample: which rollout of this seed (0, 1, ...): GRPO groups and pass@k play one seed several
-            times; policies mix it into their sampling seed so the samples differ.
-        with_experience: whether a policy that can use test-time experience (the ``crl`` agent) uses it in
-            this episode; Complementary RL's split groups play half their rollouts without it.
-        distil: whether an agent that learns from finished episodes (the ``crl`` agent's extractor)
-            distils this one; its outcome still credits the experience that guided it (a trainer on a
-            small budget distils a subset of each group).
-        oracle: coroutine returning the env's solver action for the current state;
-            only for the ``oracle`` agent (``None`` where the env has no solver).
-    """
-
-    env_id: str
-    seed: int
-    episode_index: int = 0
-    sample: int = 0
-    with_experience: bool = True
-    distil: bool = True
-    oracle: Callable[[], Awaitable[str]] | None = None
+__all__ = ["Agent", "EpisodeContext", "Policy"]  # EpisodeContext: its home is crl_agent.episode
 
 
 class Policy(abc.ABC):

@@ -38,13 +38,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from crl_agent.agents.base import EpisodeContext
 from crl_agent.agents.llm import LLMAgent, LLMPolicy, ParsedReply
+from crl_agent.episode import Episode, EpisodeContext
 from crl_agent.experience import ExperienceBank, ExperienceEntry, ExperienceManager, ManagerConfig, Trajectory
 from crl_agent.experience.retrieval import DiversityConfig
 from crl_agent.llm import LLM, Message, SamplingParams, make_llm
 from crl_agent.llm.base import ScoringUnsupported
-from crl_agent.rollout import Episode
 
 _POLICY_OPTIONS = ("temperature", "top_p", "max_tokens", "history", "history_tokens", "history_style", "action_mode",
                    "score_norm", "explore")
@@ -229,9 +228,9 @@ class CRLAgent(LLMAgent):
         sync_experience: flush pending distillations before each episode's retrieval.
         critique: before each episode the actor accepts or rejects each retrieved entry (the official
             code's actor-side critique); rejected entries are not shown (off by default).
-        learning: distil finished episodes and credit the entries that guided them (default). The
-            trainer sets the attribute to False while it evaluates held-out seeds, so the bank and the
-            extractor's rewards never see them.
+        learning: distil finished episodes and credit the entries that guided them (default); an
+            episode whose ``EpisodeContext.learning`` is False (a trainer's held-out seeds) is never
+            learned from either.
         manager_config: extra :class:`~crl_agent.experience.ManagerConfig` fields, e.g. ``{"merge_every": 10}``.
     """
 
@@ -355,8 +354,10 @@ class CRLAgent(LLMAgent):
         if self.manager is None or self.bank is None:
             return
         episode.extra["bank_entries"] = len(self.bank)
-        if episode.error is not None or not self.learning:
-            return  # an env crash or timeout says nothing about the experience; a frozen bank learns nothing
+        if episode.error is not None or not (self.learning and ctx.learning):
+            # an env crash or timeout says nothing about the experience; a frozen bank (or a held-out
+            # episode) teaches nothing
+            return
         key = episode.key
         guided = policy.guided_by()
         traj = Trajectory(id=f"{key}@{self.manager.run_tag}", task=ctx.env_id, goal=policy.goal or episode.task,

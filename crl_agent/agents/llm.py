@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from crl_agent import prompts
-from crl_agent.agents.base import Agent, EpisodeContext, Policy
+from crl_agent.agents.base import Agent, Policy
+from crl_agent.episode import EpisodeContext
 from crl_agent.llm import LLM, Completion, Message, SamplingParams, make_llm
 
 ACTION_MODES = ("auto", "score", "generate")
@@ -266,8 +267,9 @@ class LLMPolicy(Policy):
                 probs = np.exp(z - z.max())
                 probs /= probs.sum()
                 behaviour = probs
-                if agent.explore > 0:  # RL exploration: sample from the policy mixed with uniform
-                    behaviour = (1 - agent.explore) * probs + agent.explore / len(probs)
+                explore = agent.explore if self.ctx.explore is None else self.ctx.explore
+                if explore > 0:  # RL exploration: sample from the policy mixed with uniform
+                    behaviour = (1 - explore) * probs + explore / len(probs)
                 chosen = int(self._rng().choice(len(candidates), p=behaviour))
             else:
                 probs = (scores == scores.max()).astype(np.float64)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from crl_agent.agents.base import Agent, EpisodeContext, Policy
+from crl_agent.agents.base import Agent, Policy
+from crl_agent.episode import EpisodeContext
 
 
 class OracleUnavailable(RuntimeError):

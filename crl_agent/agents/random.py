@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from crl_agent.agents.base import Agent, EpisodeContext, Policy
+from crl_agent.agents.base import Agent, Policy
+from crl_agent.episode import EpisodeContext
 
 FALLBACK_VOCABULARY = ("look", "inventory", "north", "south", "east", "west", "up", "down", "left", "right")
 
