@@ -31,7 +31,8 @@ import crl_envs  # noqa: F401
 from crl_envs.swe.bundled import bundled_instances, bundled_repos_dir
 from crl_envs.swe.grading import grade_patch
 from crl_envs.swe.instances import checkout, find_repo_source
-from crl_envs.swe.sandbox import Limits, LocalSandbox, Sandbox, make_sandbox, run_bounded, sandbox_env
+from crl_envs.swe.sandbox import Limits, LocalSandbox, Sandbox, run_bounded, sandbox_env
+from crl_envs.swe.sandboxes import make_sandbox
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
+import uuid
 from typing import Any
+
+from crl_agent.serve_requests import HTTPError, sampling_params_from_request
 
 MAX_PROMPTS = 256
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -28,8 +32,6 @@ def _is_ids(value: Any) -> bool:
 
 
 def _prompts(body: dict[str, Any], llm: Any) -> list[list[int]]:
-    from crl_agent.serve import HTTPError
-
     prompt = body.get("prompt")
     if isinstance(prompt, str) or _is_ids(prompt):
         items = [prompt]
@@ -75,11 +77,6 @@ async def _echo_logprobs(llm: Any, prompts: list[list[int]]) -> list[list[float 
 
 def completions_response(server: Any, body: dict[str, Any], client_gone: Any = None) -> dict[str, Any]:
     """Answer one ``/v1/completions`` body for ``server`` (a :class:`crl_agent.serve.ChatServer`)."""
-    import time
-    import uuid
-
-    from crl_agent.serve import HTTPError, sampling_params_from_request
-
     llm = server.llm
     if not all(hasattr(llm, name) for name in ("complete_ids", "score_ids", "encode", "token_strings")):
         raise HTTPError(501, f"the {llm.name} backend cannot serve /v1/completions; use /v1/chat/completions",

@@ -33,8 +33,8 @@ from crl_envs.swe.sandbox import (  # noqa: E402
     Limits,
     Sandbox,
     bwrap_mode,
-    make_sandbox,
 )
+from crl_envs.swe.sandboxes import make_sandbox  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TIGHT = Limits(timeout_s=8, cpu_s=2, memory_mb=768, file_size_mb=16, nproc=64, tmp_mb=32, output_bytes=4096)

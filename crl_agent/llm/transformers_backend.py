@@ -122,9 +122,9 @@ def load_adapter(model, path: Path):
         raise LLMError(f"adapter={str(path)!r} is not a LoRA adapter folder (it has no adapter_config.json); "
                        "the trainer writes one to <run>/adapters/actor")
     try:
-        from crl_agent.rl.lora import _peft
+        from crl_agent.rl.lora import import_peft
 
-        peft = _peft()
+        peft = import_peft()
     except ImportError as e:
         raise LLMError('a LoRA adapter needs peft, part of the agent extra: pip install "crl-bench[agent]"') from e
     try:

@@ -23,7 +23,8 @@ import torch
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def _peft():
+def import_peft():
+    """The ``peft`` module (an ImportError naming the extra that installs it where it is missing)."""
     try:
         import peft
     except ImportError as e:
@@ -49,7 +50,7 @@ def add_lora(
         dropout: adapter dropout (0: recomputed log-probs stay equal to the sampler's).
         target_modules: names of the linear layers that get an adapter.
     """
-    peft = _peft()
+    peft = import_peft()
     config = peft.LoraConfig(
         r=r,
         lora_alpha=2 * r if alpha is None else alpha,
@@ -68,7 +69,7 @@ def is_lora(model: torch.nn.Module) -> bool:
 def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights training changes: the active LoRA adapter, or the full state of a plain model (CPU copies)."""
     if is_lora(model):
-        state = _peft().get_peft_model_state_dict(model)
+        state = import_peft().get_peft_model_state_dict(model)
     else:
         state = model.state_dict()
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
@@ -81,9 +82,9 @@ def load_trainable_state_dict(model: torch.nn.Module, state: dict[str, torch.Ten
         ValueError: keys are missing or unexpected (a LoRA checkpoint into a plain model, or the reverse).
     """
     if is_lora(model):
-        result = _peft().set_peft_model_state_dict(model, state)
+        result = import_peft().set_peft_model_state_dict(model, state)
         unexpected = list(getattr(result, "unexpected_keys", []) or [])
-        expected = set(_peft().get_peft_model_state_dict(model))
+        expected = set(import_peft().get_peft_model_state_dict(model))
         missing = sorted(expected - set(state))
     else:
         result = model.load_state_dict(state, strict=False)

@@ -22,11 +22,20 @@ import tempfile
 from pathlib import Path
 
 from crl_envs.swe.instances import SWEInstance, git, load_instances, save_instances
-from crl_envs.swe.libs import Bug, Library, all_libraries
+from crl_envs.swe.libs import Bug, Library
 
 BUNDLE_VERSION = 1
 _DATE = "2024-05-01T12:00:00+00:00"
 _TEST_DEF = re.compile(r"^def (test_\w+)\(", re.M)
+
+
+def all_libraries() -> list[Library]:
+    """Every bundled library, in a fixed order."""
+    from crl_envs.swe.libs.inikit import LIBRARY as INIKIT
+    from crl_envs.swe.libs.semver import LIBRARY as SEMVER
+    from crl_envs.swe.libs.spanlib import LIBRARY as SPANLIB
+
+    return [SEMVER, INIKIT, SPANLIB]
 
 
 def cache_root() -> Path:

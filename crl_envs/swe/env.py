@@ -15,7 +15,8 @@ from typing import Any
 from crl_envs.core import MAX_ACTION_CHARS, MAX_OBS_CHARS, InvalidAction, StepOutcome, TextEnv
 from crl_envs.swe.grading import GradeResult, grade_patch
 from crl_envs.swe.instances import SWEInstance, checkout, find_repo_source, git, load_instances
-from crl_envs.swe.sandbox import Limits, Sandbox, bwrap_mode, default_sandbox_kind, free_bytes, make_sandbox
+from crl_envs.swe.sandbox import Limits, Sandbox, bwrap_mode, free_bytes
+from crl_envs.swe.sandboxes import default_sandbox_kind, make_sandbox
 
 SUBMIT = "submit"
 ISSUE_CHARS = 8000

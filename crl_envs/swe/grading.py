@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from crl_envs.swe.instances import SWEInstance, checkout
-from crl_envs.swe.sandbox import Limits, Sandbox, make_sandbox
+from crl_envs.swe.sandbox import Limits, Sandbox
+from crl_envs.swe.sandboxes import make_sandbox
 
 PATCH_DIR = "/swe_patches"
 LOG_BYTES = 4 * 1024 * 1024

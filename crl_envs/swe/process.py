@@ -11,10 +11,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from crl_envs.swe.sandbox import Limits
 
 _WATCH_EVERY_S = 0.25
 _SIGNAL_HINTS = {
@@ -23,6 +19,32 @@ _SIGNAL_HINTS = {
     "SIGKILL": "killed",
     "SIGSEGV": "segmentation fault (often the memory limit)",
 }
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits applied to every command.
+
+    Attributes:
+        timeout_s: wall-clock seconds per command.
+        cpu_s: CPU seconds per process (``RLIMIT_CPU`` soft limit: SIGXCPU; SIGKILL at ``cpu_s + max(5, cpu_s)``).
+        memory_mb: address space per process in MiB (``RLIMIT_AS``).
+        file_size_mb: largest file a process may write, MiB (``RLIMIT_FSIZE``).
+        nproc: processes of the sandbox uid (``RLIMIT_NPROC``; per uid, so shared by concurrent sandboxes).
+        tmp_mb: size of the private ``/tmp`` tmpfs (bwrap).
+        output_bytes: bytes of output kept (head and tail) in a command's result.
+        disk_mb: how much the workspace's filesystem may fill up during one command, and the most
+            the workspace may grow over an episode (the env ends the episode beyond it).
+    """
+
+    timeout_s: float = 60.0
+    cpu_s: int = 120
+    memory_mb: int = 4096
+    file_size_mb: int = 256
+    nproc: int = 256
+    tmp_mb: int = 256
+    output_bytes: int = 16384
+    disk_mb: int = 2048
 
 
 @dataclass(frozen=True)

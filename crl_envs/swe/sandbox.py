@@ -25,13 +25,11 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from crl_envs.swe.process import CommandResult, clean_text, kill_group, run_bounded
+from crl_envs.swe.process import CommandResult, Limits, clean_text, kill_group, run_bounded
 
-__all__ = ["CommandResult", "Limits", "Sandbox", "SandboxFailure", "SandboxUnavailable", "clean_text", "kill_group", "make_sandbox",
-           "run_bounded"]
+__all__ = ["CommandResult", "Limits", "Sandbox", "SandboxFailure", "SandboxUnavailable", "clean_text", "kill_group", "run_bounded"]
 
 SANDBOX_UID = 65534  # the uid commands see in user-namespace mode
 # As root, each sandbox drops to its own unused uid from this range, so per-uid limits
@@ -48,32 +46,6 @@ class SandboxUnavailable(RuntimeError):
 
 class SandboxFailure(RuntimeError):
     """The sandbox itself failed (e.g. its Docker engine stopped answering), not the agent's command."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits applied to every command.
-
-    Attributes:
-        timeout_s: wall-clock seconds per command.
-        cpu_s: CPU seconds per process (``RLIMIT_CPU`` soft limit: SIGXCPU; SIGKILL at ``cpu_s + max(5, cpu_s)``).
-        memory_mb: address space per process in MiB (``RLIMIT_AS``).
-        file_size_mb: largest file a process may write, MiB (``RLIMIT_FSIZE``).
-        nproc: processes of the sandbox uid (``RLIMIT_NPROC``; per uid, so shared by concurrent sandboxes).
-        tmp_mb: size of the private ``/tmp`` tmpfs (bwrap).
-        output_bytes: bytes of output kept (head and tail) in a command's result.
-        disk_mb: how much the workspace's filesystem may fill up during one command, and the most
-            the workspace may grow over an episode (the env ends the episode beyond it).
-    """
-
-    timeout_s: float = 60.0
-    cpu_s: int = 120
-    memory_mb: int = 4096
-    file_size_mb: int = 256
-    nproc: int = 256
-    tmp_mb: int = 256
-    output_bytes: int = 16384
-    disk_mb: int = 2048
 
 
 def sandbox_env(path_dirs: list[str], home: str) -> dict[str, str]:
@@ -311,29 +283,4 @@ def bwrap_mode() -> str:
     raise SandboxUnavailable(
         "bubblewrap is installed but cannot create a sandbox here (" + "; ".join(errors) + "). In a container, "
         "allow user namespaces (e.g. docker run --security-opt seccomp=unconfined) or use sandbox='docker'."
-    )
-
-
-def make_sandbox(kind: str, workspace: str | Path, limits: Limits | None = None,
-                 mounts: dict[str, str] | None = None, python: str | None = None) -> Sandbox:
-    """Build a sandbox over a host workspace directory (``docker``: bound into the base image)."""
-    if kind == "docker":
-        from crl_envs.swe.docker_sandbox import DockerSandbox
-        from crl_envs.swe.images import BASE_IMAGE
-
-        return DockerSandbox(BASE_IMAGE, limits, mounts, workspace=workspace)
-    if kind == "bwrap":
-        return BwrapSandbox(workspace, limits, mounts, python)
-    if kind == "local":
-        return LocalSandbox(workspace, limits, mounts, python)
-    raise ValueError(f"unknown sandbox {kind!r}; use 'bwrap', 'docker' or 'local'")
-
-
-def default_sandbox_kind() -> str:
-    """``bwrap`` where bubblewrap is installed; otherwise an error that names the fix."""
-    if shutil.which("bwrap"):
-        return "bwrap"
-    raise SandboxUnavailable(
-        "No sandbox for SWE envs: install bubblewrap (apt-get install bubblewrap), or pass sandbox='docker' "
-        "where a Docker engine runs, or opt in to sandbox='local' (no isolation)."
     )

@@ -47,12 +47,3 @@ class Library:
     files: dict[str, str]
     bugs: tuple[Bug, ...]
     readme_addition: str = ""
-
-
-def all_libraries() -> list[Library]:
-    """Every bundled library, in a fixed order."""
-    from crl_envs.swe.libs.inikit import LIBRARY as INIKIT
-    from crl_envs.swe.libs.semver import LIBRARY as SEMVER
-    from crl_envs.swe.libs.spanlib import LIBRARY as SPANLIB
-
-    return [SEMVER, INIKIT, SPANLIB]
