@@ -8,33 +8,38 @@ Usage::
     python -m crl_agent.train --mode crl --tasks crl/Sokoban-6x6-1-v0,crl/MiniHack-Room-5x5-v0 ...  # multi-task
     python -m crl_agent.train ... --out runs/train-crl --resume        # continue a killed run
 
-The loop, one visible step at a time (CleanRL style; the pieces are imported, not re-implemented):
+The loop, one visible step at a time (CleanRL style; the pieces are imported, not re-implemented), each
+step a named call in :func:`_train`, numbered as here:
 
-1. **Rollout** (on-policy, synchronous): ``groups`` training seeds x ``group_size`` rollouts each,
-   all in flight at once through an env pool and :func:`crl_agent.rollout.run_episode` (the loop
+1. **Bank upkeep** (``crl``/``static``): pending distillations are flushed into the bank, and every
+   ``merge_every`` steps near-duplicate entries are merged, so the bank never changes under a rollout.
+2. **Extractor update starts** (``crl`` mode): after ``extractor_warmup`` steps, once the call log holds
+   ``extractor_batch`` calls with a meta-reward, one CISPO step on them (advantage = reward - batch
+   mean, times the count-aware weight) is launched on the extractor's own model and thread, beside
+   the step's rollouts (as the official code launches it without blocking); meanwhile the bank is
+   fenced (the manager holds distillations and merges, which then run on the new weights).
+   ``--extractor-async 0`` waits for it here instead.
+3. **Rollout** (on-policy, synchronous): ``groups`` training seeds x ``group_size`` rollouts each,
+   all in flight at once on the run's env pool through :func:`crl_agent.rollout.play` (the driver
    ``eval.run`` uses), the policy scoring the admissible actions (``action_mode="score"``). In
    ``crl`` mode the first half of each group plays without experience and the second half with it
-   (``EpisodeContext.with_experience``); pending bank updates are flushed first.
-2. **Advantages**: :func:`crl_agent.rl.split_group_advantages` on the binary outcome, within each
+   (``EpisodeContext.with_experience``).
+4. **Advantages**: :func:`crl_agent.rl.split_group_advantages` on the binary outcome, within each
    (seed, with/without experience) half; ``--adv-scale mean`` (the official code) or ``mean_std``.
-3. **Actor update**: scored turns become :class:`crl_agent.rl.TurnSample` s (their exact prompt and
-   candidate token ids, the action chosen, the log-prob it was sampled with), each episode weighing
-   the same (``--turn-weight``; ``--turns-per-episode`` subsamples them without bias), and
-   :class:`crl_agent.rl.PolicyLearner` takes one PPO-clip step (no KL). The transformers backend
-   shares the LoRA-wrapped weights, so the next rollout uses them (``set_policy_version`` drops its
-   prefix cache); the vLLM backend loads the exported adapter under a new id.
-4. **Extractor update** (``crl`` mode): after ``extractor_warmup`` steps, once the call log holds
-   ``extractor_batch`` calls with a meta-reward, one CISPO step on them (advantage = reward - batch
-   mean, times the count-aware weight). It is launched at the start of a step, after the bank is
-   flushed, and runs beside that step's rollouts on the extractor's own model and thread (as the
-   official code launches it without blocking); meanwhile the bank is fenced (the manager holds
-   distillations and merges, which then run on the new weights) and the step waits for it only
-   before its checkpoint. ``--extractor-async 0`` runs it before the rollouts instead.
-5. **Log and checkpoint**: ``metrics.jsonl`` (one line per step) and TensorBoard scalars (``tb/``),
-   an atomic ``checkpoint.pt`` and the adapters in ``adapters/`` (what ``eval.run`` loads);
-   every ``eval_every`` steps, held-out seeds (never trained on) are played with the pure policy
-   (no exploration), with and without experience in ``crl`` mode, into ``evals.jsonl``; at the end
-   ``curve.png``.
+5. **Actor update**: scored turns become :class:`crl_agent.rl.TurnSample` s
+   (:func:`crl_agent.rl.turn_samples`: their exact prompt and candidate token ids, the action chosen,
+   the log-prob it was sampled with; each episode weighing the same, ``--turn-weight``;
+   ``--turns-per-episode`` subsamples them without bias), and :class:`crl_agent.rl.PolicyLearner`
+   takes one PPO-clip step (no KL). The new weights reach the rollout backend through
+   :mod:`crl_agent.rl.weight_sync`: the transformers backend shares the LoRA-wrapped weights (the
+   update runs between its batches and ``set_policy_version`` drops its prefix cache); the vLLM
+   backend loads the exported adapter under a new id.
+6. **Extractor update joins**: the step waits for the update launched in 2; the bank is unfenced.
+7. **Step metrics**: a ``metrics.jsonl`` line and TensorBoard scalars (``tb/``).
+8. **Evaluation and checkpoint**: every ``eval_every`` steps, held-out seeds (never trained on) are
+   played with the pure policy (no exploration), with and without experience in ``crl`` mode, into
+   ``evals.jsonl``; then an atomic ``checkpoint.pt`` and the adapters in ``adapters/`` (what
+   ``eval.run`` loads); at the end ``curve.png``.
 
 Everything runs on CPU with the embedded SmolLM2-135M by default (LoRA, bf16 where the CPU has it);
 ``--model`` takes any local causal LM, ``--device cuda`` trains on a GPU, and ``--backend vllm`` moves
@@ -57,18 +62,18 @@ from pathlib import Path
 from typing import Any
 
 from crl_agent.agents import parse_agent_args
-from crl_agent.agents.base import EpisodeContext
+from crl_agent.episode import Episode, EpisodeContext
 from crl_agent.llm.base import LLMError
-from crl_agent.rollout import Episode, PoolSlot, run_episode
+from crl_agent.rl.batches import TURN_WEIGHTINGS, extractor_samples, turn_samples
+from crl_agent.rollout import open_pool, play
 
 MODES = ("grpo", "crl", "static")
 EXPERIENCE_MODES = ("crl", "static")  # the modes whose agent has an extractor and an experience bank
 # what a resumed run may change: how long it runs and where its compute and envs run, nothing it learns from
 RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads", "num_workers", "env_backend", "step_timeout")
 ENV_BACKENDS = ("process", "ray")
-TURN_WEIGHTINGS = ("episode", "turn")
 log = logging.getLogger(__name__)
-BACKENDS = ("transformers", "vllm")  # a resumed run may train for longer; anything else must match
+BACKENDS = ("transformers", "vllm")  # where the actor's rollouts run (--backend)
 # agent constructor arguments the trainer sets itself (--agent-arg may not override them)
 TRAINER_AGENT_ARGS = frozenset({"llm", "model", "backend", "extractor", "extractor_model", "temperature", "score_norm",
                                 "action_mode", "seed", "history", "run_dir", "embedder", "explore", "learning"})
@@ -207,8 +212,382 @@ class TrainConfig:
             raise ValueError("--agent-arg manager_config must be a JSON object")
 
 
+# ---------------------------------------------------------------------------------------- the loop
+async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:
+    """Run ``cfg``; returns the held-out evaluations. Under ``torchrun`` every rank calls this (see
+    :mod:`crl_agent.rl.distributed`); rank 0 writes ``out``."""
+    from crl_agent.rl import Distributed
+
+    cfg.check()
+    dist = Distributed(cfg.device)
+    try:
+        check_world(cfg, dist)
+        return await _train(cfg, out, dist, resume, quiet)
+    finally:
+        dist.close()
+
+
+async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -> list[dict[str, Any]]:
+    from tqdm import tqdm
+
+    home = prepare_run_folder(cfg, out, dist, resume)
+    setup = build_run(cfg, home, dist)
+    start, evals, trained_before = restore_run(cfg, setup, out, dist, resume)
+    scalars = Scalars(out) if dist.main else None
+    extractor_update = None
+    pool = None
+    try:
+        pool = await open_env_pool(cfg)
+        if not evals:
+            await held_out_evaluation(cfg, pool, setup, out, 0, evals, scalars, dist)
+        clock = TrainClock(trained_before)
+        bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}",
+                   disable=quiet or not dist.main)
+        for step in bar:
+            # rank 0's clock decides, so every rank stops after the same step
+            last = dist.broadcast(step + 1 == cfg.steps or (cfg.time_budget_min > 0
+                                                            and clock.trained_s() > 60 * cfg.time_budget_min))
+            t0 = time.perf_counter()
+            merged = await bank_upkeep(cfg, setup, step, out, dist)                                  # 1.
+            extractor_update = await start_extractor_update(cfg, setup, step, dist)                  # 2.
+            batch = await rollout(cfg, pool, setup.agent, step, dist)                                # 3.
+            rollout_s = time.perf_counter() - t0
+            advantages = group_advantages(cfg, batch)                                                # 4.
+            actor = await actor_update(cfg, setup, batch, advantages, step, dist)                    # 5.
+            extractor_row = await extractor_update.join(step) if extractor_update is not None else {}  # 6.
+            row = step_metrics(cfg, setup, step, batch, actor, rollout_s, extractor_row, merged, dist)  # 7.
+            row["time_s"] = time.perf_counter() - t0
+            if dist.main:
+                append_jsonl(out / "metrics.jsonl", row)
+                scalars.add(row, "train/")
+            bar.set_postfix(success=f"{row['train_success']:.2f}")
+            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:                        # 8.
+                await held_out_evaluation(cfg, pool, setup, out, step + 1, evals, scalars, dist, clock)
+            if dist.main:
+                await checkpoint(cfg, setup, out, step + 1, evals, clock.trained_s(), final=last)
+            if last:
+                break
+        if dist.main:
+            plot_curve(out, evals, cfg)
+    finally:
+        if extractor_update is not None:  # an error or interrupt mid-step: let the update end first
+            await extractor_update.abandon()
+        if pool is not None:
+            pool.close()
+        if scalars is not None:
+            scalars.close()
+        await setup.agent.aclose()
+        if setup.extractor is not None:
+            await setup.extractor.aclose()
+    return evals
+
+
+# ---------------------------------------------------------------------------------------- the step, in order
+async def bank_upkeep(cfg: TrainConfig, setup: RunSetup, step: int, out: Path, dist) -> dict[str, Any]:
+    """1. Rank 0 flushes the pending distillations into the bank and, every ``--merge-every`` steps, merges
+    near-duplicate entries (between rollouts, so the bank never changes under one); every rank then
+    searches that bank (:func:`sync_bank`). Returns the merge's counts."""
+    merged: dict[str, Any] = {}
+    if setup.manager is not None and dist.main:
+        await setup.manager.flush()
+        if cfg.merge_every and step and step % cfg.merge_every == 0:
+            merged = await setup.manager.merge()
+    await sync_bank(setup.agent, out, dist)
+    return merged
+
+
+async def start_extractor_update(cfg: TrainConfig, setup: RunSetup, step: int, dist) -> ExtractorUpdate | None:
+    """2. On rank 0 in crl mode after ``--extractor-warmup`` steps, once ``--extractor-batch`` calls have a
+    meta-reward: launch one CISPO step on them, beside this step's rollouts. The bank is fenced meanwhile
+    (the manager holds distillations and merges, which then run on the new weights). ``--extractor-async
+    0`` waits for it here instead. ``None`` when there is nothing to train."""
+    if setup.extractor_learner is None or not dist.main or step < cfg.extractor_warmup:  # static: frozen
+        return None
+    samples, used = extractor_samples(setup.manager, step, cfg.cooldown, cfg.extractor_batch)
+    if not samples:
+        return None
+    setup.manager.pause_extractor()
+    job = ExtractorUpdate(asyncio.create_task(update(setup.extractor_sync, setup.extractor_learner, samples)),
+                          used, setup.manager)
+    if not cfg.extractor_async:
+        await job.join(step)
+    return job
+
+
+async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> Rollouts:
+    """3. Play this rank's share of the step's groups (``--groups`` seeds x ``--group-size`` rollouts; crl and
+    static: the first K/2 of each group without experience); with ``--dynamic-sampling N`` (DAPO), while
+    fewer of them than were scheduled have mixed outcomes, play fresh groups (at most N more) and keep for
+    the update only the groups with mixed outcomes. Under torchrun the other ranks' finished episodes then
+    reach rank 0's experience manager."""
+    tasks, half = cfg.task_ids, cfg.group_size // 2
+
+    def contexts(groups: range, distilled: set[tuple[int, int]]) -> list[EpisodeContext]:
+        # each step's groups go to the tasks in turn; training seeds stay below --eval-seed
+        return [EpisodeContext(tasks[(step * cfg.groups + g) % len(tasks)], group_seed(cfg, step, g), g, sample=k,
+                               with_experience=cfg.experience and k >= half, distil=(g, k) in distilled,
+                               explore=cfg.explore)
+                for g in groups for k in range(cfg.group_size)]
+
+    # each rank plays whole groups (round robin), so advantages need no communication
+    mine = dist.share(cfg.groups)
+    ctxs = [c for c in contexts(range(cfg.groups), distil_choice(cfg, random.Random(cfg.seed * 7_919 + step)))
+            if c.episode_index in mine]
+    episodes = await play(pool, agent, ctxs)
+    scheduled = (list(ctxs), list(episodes))
+    signal = scheduled_signal = informative_groups(ctxs, episodes)
+    wanted = len(mine)
+    first = next_g = cfg.groups + dist.rank * cfg.dynamic_sampling
+    while len(signal) < wanted and next_g < first + cfg.dynamic_sampling:
+        more = range(next_g, min(next_g + wanted - len(signal), first + cfg.dynamic_sampling))
+        next_g = more.stop
+        extra = contexts(more, distil_choice(cfg, random.Random(cfg.seed * 7_919 + step * 1_000_003 + more.start),
+                                             more))
+        ctxs += extra
+        episodes += await play(pool, agent, extra)
+        signal = informative_groups(ctxs, episodes)
+    if cfg.dynamic_sampling:  # DAPO's filter: a group whose outcomes are all alike has nothing to teach
+        keep = [i for i, c in enumerate(ctxs) if c.episode_index in signal]
+        ctxs, episodes = [ctxs[i] for i in keep], [episodes[i] for i in keep]
+    kept_groups = {c.episode_index for c in ctxs}
+    share_episodes_with_rank0(agent, dist)
+    return Rollouts(ctxs, episodes, scheduled=scheduled, extra_groups=next_g - first,
+                    signal_scheduled=len(scheduled_signal) / max(1, wanted),
+                    signal_batch=len(signal & kept_groups) / max(1, len(kept_groups)))
+
+
+def group_advantages(cfg: TrainConfig, batch: Rollouts) -> list[float]:
+    """4. :func:`crl_agent.rl.split_group_advantages` of the binary outcome within each (group, with or
+    without experience) half, for the episodes that did not error (:attr:`Rollouts.learn`)."""
+    from crl_agent.rl import split_group_advantages
+
+    kept = batch.learn
+    if not kept:
+        return []
+    return split_group_advantages([float(e.success) for _, e in kept], [c.episode_index for c, _ in kept],
+                                  [c.with_experience for c, _ in kept], scale=cfg.adv_scale).tolist()
+
+
+async def actor_update(cfg: TrainConfig, setup: RunSetup, batch: Rollouts, advantages: list[float], step: int,
+                       dist) -> ActorStep:
+    """5. The scored turns become :class:`~crl_agent.rl.TurnSample` s (:func:`~crl_agent.rl.turn_samples`:
+    the loss weighting), the learner takes ``--ppo-epochs`` PPO-clip steps on them, and the backend serves
+    the new weights (``setup.actor_sync``)."""
+    rng = random.Random(cfg.seed * 1_000_003 + step + 104_729 * dist.rank)
+    actor = turn_samples([e for _, e in batch.learn], advantages, cfg.turn_weight, cfg.turns_per_episode, rng)
+    t0 = time.perf_counter()
+    metrics = await update(setup.actor_sync, setup.learner, actor.samples, cfg.ppo_epochs, weight=actor.loss_weight,
+                           diagnose=True)
+    return ActorStep(len(actor.samples), metrics, t0)
+
+
+def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, actor: ActorStep, rollout_s: float,
+                 extractor_row: dict[str, float], merged: dict[str, Any], dist) -> dict[str, Any]:
+    """7. The step's ``metrics.jsonl`` row, over every rank's episodes: success over the scheduled groups (as
+    sampled, before dynamic sampling adds or drops any), rollout statistics, the actor's and extractor's
+    update metrics, and on rank 0 the experience side (extractor validity, bank size, meta-reward)."""
+    played, played_eps = batch.scheduled
+    local = {"rewards": [(c.env_id, c.with_experience, float(e.success))
+                         for c, e in zip(played, played_eps, strict=True) if e.error is None],
+             "episodes": len(played_eps), "tokens": rollout_tokens(played_eps), "samples": actor.samples,
+             "stats": rollout_stats([e for e in played_eps if e.error is None]),
+             "signal": (batch.signal_scheduled, batch.signal_batch, batch.extra_groups)}
+    parts = dist.gather(local)
+    every = [x for p in parts for x in p["rewards"]]
+    n_episodes = sum(p["episodes"] for p in parts)
+    tokens = sum(p["tokens"] for p in parts)
+    row = {"step": step + 1, "time_s": 0.0, "rollout_s": rollout_s, "update_s": time.perf_counter() - actor.started,
+           "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
+           "samples": sum(p["samples"] for p in parts), "episodes": n_episodes,
+           "errored": n_episodes - len(every),
+           "train_success": sum(r for *_, r in every) / max(1, len(every)),
+           # the share of groups whose advantages are not all zero: scheduled, and in the batch learned from
+           "signal_groups": sum(p["signal"][0] for p in parts) / len(parts),
+           "signal_groups_batch": sum(p["signal"][1] for p in parts) / len(parts),
+           "extra_groups": sum(p["signal"][2] for p in parts),
+           **{k: sum(p["stats"].get(k, 0.0) for p in parts) / len(parts) for k in parts[0]["stats"]},
+           **{f"actor/{k}": v for k, v in actor.metrics.items()}}
+    if dist.world > 1:
+        row["processes"] = dist.world
+    tasks = cfg.task_ids
+    if len(tasks) > 1:
+        for task in tasks:
+            mine = [r for t, _, r in every if t == task]
+            if mine:
+                row[f"train_success/{task}"] = sum(mine) / len(mine)
+    if cfg.experience:
+        wo = [r for _, w, r in every if not w]
+        wi = [r for _, w, r in every if w]
+        row["train_success_without_experience"] = sum(wo) / max(1, len(wo))
+        row["train_success_with_experience"] = sum(wi) / max(1, len(wi))
+    row.update(extractor_row)
+    if setup.manager is not None and dist.main:
+        row.update(experience_metrics(setup, merged))
+    return row
+
+
+async def held_out_evaluation(cfg: TrainConfig, pool, setup: RunSetup, out: Path, step: int,
+                              evals: list[dict[str, Any]], scalars: Scalars | None, dist,
+                              clock: TrainClock | None = None) -> None:
+    """8a. Play the held-out seeds with the pure policy (:func:`evaluate`) on a bank that holds every entry
+    of the steps before, append the row to ``evals`` (and ``evals.jsonl``); its time is not training time."""
+    t0 = time.perf_counter()
+    await sync_bank(setup.agent, out, dist)
+    evals.append(await evaluate(cfg, pool, setup.agent, step, dist))
+    if clock is not None:
+        spent = time.perf_counter() - t0
+        evals[-1].update(train_time_s=clock.trained_s() - spent, eval_time_s=spent)
+        clock.eval_s += spent
+    if dist.main:
+        append_jsonl(out / "evals.jsonl", evals[-1])
+        scalars.add(evals[-1], "heldout/")
+
+
+async def checkpoint(cfg: TrainConfig, setup: RunSetup, out: Path, step: int, evals: list[dict[str, Any]],
+                     trained_s: float, final: bool) -> None:
+    """8b. Rank 0: an atomic ``checkpoint.pt`` once the step's distillations are in the bank, and the
+    trained weights where ``eval.run`` loads them (:meth:`RunSetup.export`)."""
+    from crl_agent.rl import save_checkpoint
+
+    if setup.manager is not None:
+        await setup.manager.flush()
+    save_checkpoint(out / "checkpoint.pt", step=step, config=dataclasses.asdict(cfg), models=setup.models(),
+                    learners=setup.learners(), extra={"evals": evals, "train_time_s": trained_s,
+                                                      "call_log_offset": call_log_offset(setup.agent)})
+    setup.export(cfg, out, final=final)
+
+
+# ---------------------------------------------------------------------------------------- what a step passes on
+@dataclass
+class Rollouts:
+    """A step's rollouts on this rank: the contexts and episodes to learn from, and its numbers.
+
+    Attributes:
+        contexts, episodes: what the update learns from (after dynamic sampling's filter).
+        scheduled: the scheduled groups' contexts and episodes (what ``train_success`` is measured on).
+        extra_groups: groups dynamic sampling added.
+        signal_scheduled, signal_batch: the share of groups with mixed outcomes among the scheduled, and
+            in the batch kept.
+    """
+
+    contexts: list[EpisodeContext]
+    episodes: list[Episode]
+    scheduled: tuple[list[EpisodeContext], list[Episode]]
+    extra_groups: int = 0
+    signal_scheduled: float = 0.0
+    signal_batch: float = 0.0
+
+    @property
+    def learn(self) -> list[tuple[EpisodeContext, Episode]]:
+        """The episodes that did not error, with their contexts (an errored one says nothing of the policy)."""
+        return [(c, e) for c, e in zip(self.contexts, self.episodes, strict=True) if e.error is None]
+
+
+@dataclass
+class ActorStep:
+    """What the actor update did: its samples, the learner's metrics, and when it started (``update_s``)."""
+
+    samples: int
+    metrics: dict[str, float]
+    started: float
+
+
+@dataclass
+class ExtractorUpdate:
+    """An extractor update in flight (rank 0): its task and the calls it trains on; the bank is fenced
+    until :meth:`join`."""
+
+    task: asyncio.Task
+    used: list[Any]
+    manager: Any
+    row: dict[str, float] = dataclasses.field(default_factory=dict)
+    joined: bool = False
+
+    async def join(self, step: int) -> dict[str, float]:
+        """6. Wait for the update, unfence the bank (the held distillations now run on the new weights),
+        record the calls as trained at ``step``; returns its metrics (``wait_s``: how long the step waited)."""
+        if self.joined:
+            return self.row
+        self.joined = True
+        t0 = time.perf_counter()
+        try:
+            metrics = await self.task
+        finally:
+            self.manager.resume_extractor()
+        self.manager.mark_trained(self.used, step)
+        self.row = {**{f"extractor/{k}": v for k, v in metrics.items()},
+                    "extractor/reward": sum(s.reward for s in self.used) / len(self.used),
+                    "extractor/wait_s": time.perf_counter() - t0}
+        return self.row
+
+    async def abandon(self) -> None:
+        """After an error or interrupt mid-step: let the update end (it cannot be cut off inside its thread)
+        before the manager closes and runs the held distillations."""
+        if self.joined:
+            return
+        self.joined = True
+        await asyncio.wait([self.task])
+        if not self.task.cancelled() and self.task.exception() is not None:
+            log.warning("the extractor update in flight failed: %s", self.task.exception())
+        self.manager.resume_extractor()
+
+
+class TrainClock:
+    """Training seconds over every session of a run (a resumed run continues its budget); held-out
+    evaluation (``eval_s``) is not training."""
+
+    def __init__(self, before: float = 0.0):
+        self.before, self.began, self.eval_s = before, time.perf_counter(), 0.0
+
+    def trained_s(self) -> float:
+        return self.before + time.perf_counter() - self.began - self.eval_s
+
+
 # ---------------------------------------------------------------------------------------- plumbing
-def build(cfg: TrainConfig, out: Path, dist=None):
+@dataclass
+class RunSetup:
+    """What :func:`build` makes: the actor's backend and the model its learner trains, the agent that
+    plays episodes, the extractor and its learner (crl mode, rank 0), and how each learner's new
+    weights reach the backend that samples from them (:mod:`crl_agent.rl.weight_sync`)."""
+
+    llm: Any
+    actor_model: Any  # the model the actor's learner trains (the backend's own with shared weights)
+    learner: Any
+    actor_sync: Any
+    agent: Any
+    extractor: Any = None
+    extractor_learner: Any = None
+    extractor_sync: Any = None
+
+    @property
+    def manager(self) -> Any:
+        """The agent's experience manager (crl and static modes), else ``None``."""
+        return getattr(self.agent, "manager", None)
+
+    def models(self) -> dict[str, Any]:
+        """The trained models a checkpoint holds."""
+        return {"actor": self.actor_model, **({"extractor": self.extractor_learner.model} if self.extractor_learner else {})}
+
+    def learners(self) -> dict[str, Any]:
+        return {"actor": self.learner, **({"extractor": self.extractor_learner} if self.extractor_learner else {})}
+
+    def export(self, cfg: TrainConfig, out: Path, final: bool) -> None:
+        """The trained weights where ``eval.run`` loads them: ``adapters/actor`` (and ``adapters/extractor``)
+        after every step with LoRA; a whole model folder ``model/`` (and ``extractor_model/``) at the end
+        without it."""
+        from crl_agent.rl import export_weights
+
+        if cfg.lora_rank > 0:
+            export_weights(self.actor_model, out / "adapters" / "actor")
+            if self.extractor_learner is not None:
+                export_weights(self.extractor_learner.model, out / "adapters" / "extractor")
+        elif final:
+            export_weights(self.actor_model, out / "model", self.llm.tokenizer)
+            if self.extractor_learner is not None:
+                export_weights(self.extractor_learner.model, out / "extractor_model", self.extractor.tokenizer)
+
+
+def build(cfg: TrainConfig, out: Path, dist=None) -> RunSetup:
     """The actor's backend (LoRA-wrapped weights), its learner, and the agent that plays episodes.
 
     Under ``torchrun`` (``dist.world > 1``) each rank builds its own copy on ``dist.device``; the learner
@@ -219,13 +598,13 @@ def build(cfg: TrainConfig, out: Path, dist=None):
     from crl_agent.agents.crl import CRLAgent
     from crl_agent.agents.llm import LLMAgent
     from crl_agent.llm import make_llm
-    from crl_agent.rl import PolicyLearner, add_lora
+    from crl_agent.rl import ExportedAdapter, PolicyLearner, SharedWeights, add_lora
 
     threads = {"num_threads": cfg.threads} if cfg.threads > 0 else {}
     many = dist is not None and dist.world > 1
     if cfg.backend == "vllm":
-        # vLLM generates on the GPU; the learner trains its own LoRA copy of the model, and after each
-        # update the adapter is exported and loaded into the engine under a new id (see `update`)
+        # vLLM generates on the GPU; the learner trains its own LoRA copy of the model, exported to the
+        # engine after each update
         import torch
         import transformers
 
@@ -247,45 +626,122 @@ def build(cfg: TrainConfig, out: Path, dist=None):
         llm = make_llm("vllm", path, seed=cfg.seed, enable_lora=True, max_lora_rank=cfg.lora_rank, dtype=dtype,
                        gpu_memory_utilization=cfg.vllm_memory, **ranks)
         base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-        trained = add_lora(base.to(cfg.device), r=cfg.lora_rank)
+        actor_model = add_lora(base.to(cfg.device), r=cfg.lora_rank)
+        actor_sync = ExportedAdapter(llm, out / "adapters" / "actor")
     else:
         llm = make_llm("transformers", cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **threads)
-        trained = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: shared
+        actor_model = add_lora(llm.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else llm.model  # in place: shared
+        actor_sync = SharedWeights(llm)
     if many:
-        dist.broadcast_parameters([p for p in trained.parameters() if p.requires_grad])  # LoRA starts random
-    learner = PolicyLearner(trained, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget,
+        dist.broadcast_parameters([p for p in actor_model.parameters() if p.requires_grad])  # LoRA starts random
+    learner = PolicyLearner(actor_model, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget,
                             reduce_gradients=dist.reduce_gradients if many else None, kl_coef=cfg.kl_coef,
                             entropy_coef=cfg.entropy_coef)
     opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed,
                 history=cfg.history)
-    extractor = extractor_learner = None
+    setup = RunSetup(llm, actor_model, learner, actor_sync, agent=None)
     if cfg.experience:
         main_rank = not many or dist.main
         if main_rank:
             # a model of its own (never the actor's weights): in crl mode it trains with its own optimiser
-            extractor = make_llm("transformers", cfg.extractor_model or cfg.model, device=cfg.device, dtype=cfg.dtype,
-                                 seed=cfg.seed + 1, **threads)
+            setup.extractor = make_llm("transformers", cfg.extractor_model or cfg.model, device=cfg.device,
+                                       dtype=cfg.dtype, seed=cfg.seed + 1, **threads)
             if cfg.mode == "crl":
-                ext_trained = add_lora(extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 else extractor.model
-                extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo",
-                                                  token_budget=cfg.token_budget)
+                ext_trained = add_lora(setup.extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 \
+                    else setup.extractor.model
+                setup.extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo",
+                                                        token_budget=cfg.token_budget)
+                setup.extractor_sync = SharedWeights(setup.extractor)
         extra = dict(cfg.agent_args)
         manager_config = {**manager_settings(cfg), **extra.pop("manager_config", {})}
         try:
             # other ranks never distil (their episodes go to rank 0): their manager gets the actor as a
             # placeholder extractor rather than a second model
-            agent = CRLAgent(llm=llm, extractor=extractor if main_rank else llm, run_dir=str(out),
-                             embedder=cfg.embedder, manager_config=manager_config, **opts, **extra)
+            setup.agent = CRLAgent(llm=llm, extractor=setup.extractor if main_rank else llm, run_dir=str(out),
+                                   embedder=cfg.embedder, manager_config=manager_config, **opts, **extra)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"--agent-arg: {e}") from e
         if not main_rank:
-            agent.outbox = []
+            setup.agent.outbox = []
     else:
         try:
-            agent = LLMAgent(llm=llm, **opts, **cfg.agent_args)
+            setup.agent = LLMAgent(llm=llm, **opts, **cfg.agent_args)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"--agent-arg: {e}") from e
-    return llm, trained, learner, agent, extractor, extractor_learner
+    return setup
+
+
+def prepare_run_folder(cfg: TrainConfig, out: Path, dist, resume: bool) -> Path:
+    """This rank's folder (rank 0 owns ``out``; the other ranks keep their bank copy and adapter exports in
+    ``out/ranks/rankN``). Refuses, before anything loads, an existing checkpoint without ``--resume`` and a
+    resumed run whose recorded config differs in anything but :data:`RESUMABLE_CHANGES`."""
+    import torch
+
+    from crl_agent.rl import config_diff
+
+    home = out if dist.main else out / "ranks" / f"rank{dist.rank}"
+    home.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / "checkpoint.pt"
+    if ckpt_path.exists() and not resume:
+        raise SystemExit(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
+    if resume and ckpt_path.exists():  # refused before anything loads (or opens the bank)
+        saved = torch.load(ckpt_path, weights_only=False, map_location="cpu")["config"]  # what the weights came from
+        if "env" in saved:  # a run from before --tasks named its one task --env
+            saved.setdefault("tasks", saved.pop("env"))
+        # a run from before a field existed ran with its default (e.g. --agent-arg, --distil-per-group)
+        for f in dataclasses.fields(TrainConfig):
+            saved.setdefault(f.name, f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+        resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
+        diff = config_diff({k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}, resumable)
+        if diff:
+            raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}); "
+                             "use the same options or another --out")
+    dist.barrier()  # every rank has read the checkpoint's config before rank 0 may write anything
+    return home
+
+
+def build_run(cfg: TrainConfig, home: Path, dist) -> RunSetup:
+    """:func:`build` on this rank's device, seeded; a model that cannot load here is a :class:`ConfigError`."""
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    try:
+        setup = build(dataclasses.replace(cfg, device=dist.device), home, dist)
+    except LLMError as e:  # a model that cannot load here (no chat template, a bad adapter, no GPU...)
+        raise ConfigError(str(e)) from e
+    return setup
+
+
+def restore_run(cfg: TrainConfig, setup: RunSetup, out: Path, dist, resume: bool) -> tuple[int, list[dict[str, Any]],
+                                                                                         float]:
+    """Where the run starts. ``--resume``: every rank restores the same weights and optimiser state from rank
+    0's checkpoint, the backends serve them, and the experience call log goes back to it; the metrics and
+    eval rows past the checkpoint are dropped (a killed step is redone whole) and ``config.json`` written.
+    Returns the steps done, the evaluations so far and the training seconds of earlier sessions."""
+    from crl_agent.rl import load_checkpoint
+
+    ckpt_path = out / "checkpoint.pt"
+    start, evals, trained_before = 0, [], 0.0
+    if resume and ckpt_path.exists():
+        ck = load_checkpoint(ckpt_path, models=setup.models(), learners=setup.learners())
+        start, evals = ck.step, ck.extra.get("evals", [])
+        trained_before = float(ck.extra.get("train_time_s", 0.0))
+        setup.actor_sync.restore(setup.learner)  # samples are stamped with the learner's version
+        if setup.extractor_learner is not None:
+            setup.extractor.set_policy_version(setup.extractor_learner.version)
+        offset = ck.extra.get("call_log_offset")
+        if dist.main and offset is not None and setup.manager is not None:
+            # the experience side goes back to the checkpoint too: the killed step's calls, outcomes and training
+            # counts are cut, so the step redone now credits each of its episodes once
+            setup.manager.rewind_log(offset)
+    if not dist.same_weights(setup.learner.params):
+        raise RuntimeError("the ranks do not hold the same actor weights (a checkpoint written under another setup?)")
+    if dist.main:
+        # a run killed after writing a step's rows but before its checkpoint redoes that step: drop those rows
+        rewrite_jsonl(out / "metrics.jsonl", lambda row: row.get("step", 0) <= start)
+        rewrite_jsonl(out / "evals.jsonl", lambda row: row in evals)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    return start, evals, trained_before
 
 
 def manager_settings(cfg: TrainConfig) -> dict[str, Any]:
@@ -296,6 +752,115 @@ def manager_settings(cfg: TrainConfig) -> dict[str, Any]:
     """
     return {"distil_params": {"max_tokens": cfg.distil_max_tokens, "temperature": 0.7},
             "max_trajectory_chars": cfg.distil_chars, "distil_workers": cfg.distil_workers, "merge_every": 0}
+
+
+async def open_env_pool(cfg: TrainConfig):
+    """The run's env pool, ``--concurrency`` slots shared out over the ``--tasks``, started: every rollout
+    and evaluation reuses it (:func:`crl_agent.rollout.open_pool`; a worker that crashes is restarted and
+    the episode it was playing is reported as errored, left out of the update)."""
+    make_kwargs = {"max_episode_steps": cfg.max_steps} if cfg.max_steps else {}
+    tasks = cfg.task_ids
+    # the slots go to the tasks in turn (at least one each), so --concurrency bounds the envs in all
+    slots = [tasks[i % len(tasks)] for i in range(max(cfg.concurrency, len(tasks)))]
+    return await open_pool([(t, make_kwargs) for t in slots], num_workers=cfg.num_workers, backend=cfg.env_backend,
+                           timeout=cfg.step_timeout)
+
+
+async def update(sync, learner, samples, epochs: int = 1, weight: float | None = None,
+                 diagnose: bool = False) -> dict[str, float]:
+    """``epochs`` learner updates on ``samples``, run and published by ``sync`` (a
+    :mod:`crl_agent.rl.weight_sync` object: the shared weights change on the backend's thread between
+    batches, or the exported adapter is loaded), so the next samples carry the learner's version.
+
+    After the first epoch the samples are older than the learner by design: their recorded log-probs are
+    PPO's old policy, so the ratio moves away from 1 and the clip engages; ``stale`` reports the first
+    epoch's count. ``diagnose`` adds :meth:`PolicyLearner.divergence` of the samples before the update
+    (``kl_ref``...).
+    """
+    if not samples and learner.reduce_gradients is None:  # a rank of several joins the collective even so
+        return {}
+
+    def learn() -> dict[str, float]:
+        before = learner.version
+        # how far the rollouts' policy (the weights before this update) has moved from the untrained one
+        divergence = learner.divergence(samples) if diagnose else {}
+        first = last = learner.update(samples, weight)
+        for _ in range(epochs - 1):
+            last = learner.update(samples, weight)
+        return {**last, "stale": first["stale"], "stale_dropped": first["stale_dropped"], "epochs": float(epochs),
+                "updated": float(learner.version - before), **divergence}
+
+    metrics = await sync.run_update(learn)
+    sync.publish(learner, updated=bool(metrics.get("updated")))
+    return metrics
+
+
+def share_episodes_with_rank0(agent, dist) -> None:
+    """Under torchrun in crl and static modes, the other ranks' finished episodes (credit and trajectories,
+    held in ``agent.outbox``) reach rank 0's experience manager."""
+    if getattr(agent, "manager", None) is None or dist.world == 1:
+        return
+    received = dist.gather([] if dist.main else agent.outbox)
+    if dist.main:
+        for credit in (c for part in received[1:] for c in part):
+            agent.credit(credit, remote=True)
+    else:
+        agent.outbox = []
+
+
+def experience_metrics(setup: RunSetup, merged: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's experience side so far (the manager's counters are cumulative): distillations, the share of
+    valid extractor operations, the bank's size, merges, and the meta-reward (mean outcome of the episodes
+    each call's entries guided, 0 -> -1) over every call that has one, whether or not the extractor trains."""
+    stats = setup.manager.stats
+    row: dict[str, Any] = {"extractor/distillations": stats.get("distillations", 0),
+                           "extractor/valid_ops": stats.get("ops_applied", stats.get("adds", 0)),
+                           "extractor/malformed": stats.get("malformed", 0)}
+    if row["extractor/valid_ops"] + row["extractor/malformed"]:
+        row["extractor/valid_rate"] = row["extractor/valid_ops"] / (row["extractor/valid_ops"]
+                                                                   + row["extractor/malformed"])
+    row["bank_entries"] = len(setup.agent.bank)
+    rewarded = setup.manager.meta_rewards()
+    row["extractor/rewarded_calls"] = len(rewarded)
+    if rewarded:
+        row["extractor/meta_reward"] = sum(rewarded) / len(rewarded)
+    row["extractor/merges"] = stats.get("merges", 0)
+    row.update({f"extractor/merge_{k}": v for k, v in merged.items()})
+    return row
+
+
+async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None) -> dict[str, Any]:
+    """Held-out success with the pure policy (no exploration), with and without experience in crl and
+    static modes: ``--eval-episodes`` seeds of each task, the mean over all of them (and each task's own
+    under ``success/<task>`` when there are several). Held-out episodes are never distilled nor credited
+    to entries (``EpisodeContext.learning``).
+
+    Under torchrun each rank plays its share of the seeds and every rank gets the same row."""
+    seeds = range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes)
+    row: dict[str, Any] = {"step": step}
+    for with_exp in ([False, True] if cfg.experience else [False]):
+        await _evaluate_half(cfg, pool, agent, seeds, with_exp, row, dist)
+    return row
+
+
+async def _evaluate_half(cfg: TrainConfig, pool, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None) -> None:
+    tasks = cfg.task_ids
+    todo = [(task, i) for task in tasks for i in range(len(seeds))]
+    mine = dist.share(len(todo)) if dist is not None else range(len(todo))
+    ctxs = [EpisodeContext(todo[j][0], seeds[todo[j][1]], todo[j][1], with_experience=with_exp, explore=0.0,
+                           learning=False) for j in mine]
+    eps = await play(pool, agent, ctxs)
+    results = [(c.env_id, e.success, e.error is not None, e.actions) for c, e in zip(ctxs, eps, strict=True)]
+    if dist is not None:
+        results = [r for part in dist.gather(results) for r in part]
+    key, tag = ("with_experience", "_with_experience") if with_exp else ("success", "")
+    for task in [None, *tasks] if len(tasks) > 1 else [None]:
+        part = [r for r in results if task is None or r[0] == task]
+        n, suffix = len(part), "" if task is None else f"/{task}"
+        row[key + suffix] = sum(ok for _, ok, err, _ in part if not err) / n
+        row[key + "_se" + suffix] = math.sqrt(row[key + suffix] * (1 - row[key + suffix]) / n)
+        row["errored" + tag + suffix] = sum(err for _, _, err, _ in part)
+        row["mean_actions" + tag + suffix] = sum(a for *_, a in part) / n
 
 
 def distil_choice(cfg: TrainConfig, rng: random.Random, groups: range | None = None) -> set[tuple[int, int]]:
@@ -312,50 +877,6 @@ def distil_choice(cfg: TrainConfig, rng: random.Random, groups: range | None = N
         for i in range(cfg.distil_per_group):
             chosen.add((g, halves[i % 2][i // 2]))
     return chosen
-
-
-async def open_pool(cfg: TrainConfig):
-    """The run's env pool, ``--concurrency`` slots shared out over the ``--tasks``, started: every rollout
-    and evaluation reuses it.
-
-    ``--num-workers 0`` runs the envs in this process (a thread each); otherwise they run in that many
-    worker processes (or Ray actors, ``--env-backend ray``), and a worker that crashes is restarted and
-    the episode it was playing is reported as errored (left out of the update).
-    """
-    from crl_envs.pool import make_pool
-
-    make_kwargs = {"max_episode_steps": cfg.max_steps} if cfg.max_steps else {}
-    backend = cfg.env_backend if cfg.num_workers > 0 else "inline"
-    tasks = cfg.task_ids
-    # the slots go to the tasks in turn (at least one each), so --concurrency bounds the envs in all
-    slots = [tasks[i % len(tasks)] for i in range(max(cfg.concurrency, len(tasks)))]
-    pool = make_pool([(t, make_kwargs) for t in slots], backend, num_workers=cfg.num_workers or None,
-                     timeout=cfg.step_timeout)
-    try:
-        await pool.start()
-    except BaseException:
-        pool.close()
-        raise
-    return pool
-
-
-async def play(cfg: TrainConfig, pool, agent, episodes: list[EpisodeContext], explore: float) -> list[Episode]:
-    """Play ``episodes`` concurrently on the run's env ``pool`` (each on a slot of its task; at most
-    ``--concurrency`` at once); the agent explores as asked."""
-    slots: dict[str, asyncio.Queue] = {}
-    for i in range(pool.num_slots):
-        slots.setdefault(pool.env_id(i), asyncio.Queue()).put_nowait(PoolSlot(pool, i))
-    agent.explore = explore
-
-    async def one(ctx: EpisodeContext) -> Episode:
-        free = slots[ctx.env_id]
-        slot = await free.get()
-        try:
-            return await run_episode(slot, agent, ctx)
-        finally:
-            free.put_nowait(slot)
-
-    return list(await asyncio.gather(*(one(c) for c in episodes)))
 
 
 def group_seed(cfg: TrainConfig, step: int, g: int) -> int:
@@ -380,50 +901,6 @@ def informative_groups(ctxs: list[EpisodeContext], episodes: list[Episode]) -> s
         if e.error is None:
             halves.setdefault((c.episode_index, c.with_experience), []).append(float(e.success))
     return {g for (g, _), rs in halves.items() if has_signal(rs)}
-
-
-async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> tuple[list[EpisodeContext], list[Episode], dict]:
-    """Play this rank's share of the step's groups (``--groups`` seeds x ``--group-size`` rollouts; crl and
-    static: the first K/2 of each group without experience); with ``--dynamic-sampling N`` (DAPO), while
-    fewer of them than were scheduled have mixed outcomes, play fresh groups (at most N more) and keep for
-    the update only the groups with mixed outcomes.
-
-    Returns the contexts and episodes to learn from, and the step's numbers: ``scheduled`` (the
-    scheduled groups' contexts and episodes), ``extra_groups`` and ``signal`` (informative groups among
-    the scheduled, and in the batch kept)."""
-    tasks, half = cfg.task_ids, cfg.group_size // 2
-
-    def contexts(groups: range, distilled: set[tuple[int, int]]) -> list[EpisodeContext]:
-        # each step's groups go to the tasks in turn
-        return [EpisodeContext(tasks[(step * cfg.groups + g) % len(tasks)], group_seed(cfg, step, g), g, sample=k,
-                               with_experience=cfg.experience and k >= half, distil=(g, k) in distilled)
-                for g in groups for k in range(cfg.group_size)]
-
-    # each rank plays whole groups (round robin), so advantages need no communication
-    mine = dist.share(cfg.groups)
-    ctxs = [c for c in contexts(range(cfg.groups), distil_choice(cfg, random.Random(cfg.seed * 7_919 + step)))
-            if c.episode_index in mine]
-    episodes = await play(cfg, pool, agent, ctxs, explore=cfg.explore)
-    scheduled = (list(ctxs), list(episodes))
-    signal = scheduled_signal = informative_groups(ctxs, episodes)
-    wanted = len(mine)
-    first = next_g = cfg.groups + dist.rank * cfg.dynamic_sampling
-    while len(signal) < wanted and next_g < first + cfg.dynamic_sampling:
-        more = range(next_g, min(next_g + wanted - len(signal), first + cfg.dynamic_sampling))
-        next_g = more.stop
-        extra = contexts(more, distil_choice(cfg, random.Random(cfg.seed * 7_919 + step * 1_000_003 + more.start),
-                                             more))
-        extra_eps = await play(cfg, pool, agent, extra, explore=cfg.explore)
-        ctxs += extra
-        episodes += extra_eps
-        signal = informative_groups(ctxs, episodes)
-    stats = {"scheduled": scheduled, "extra_groups": next_g - first,
-             "signal_scheduled": len(scheduled_signal) / max(1, wanted)}
-    if cfg.dynamic_sampling:  # DAPO's filter: a group whose outcomes are all alike has nothing to teach
-        keep = [i for i, c in enumerate(ctxs) if c.episode_index in signal]
-        ctxs, episodes = [ctxs[i] for i in keep], [episodes[i] for i in keep]
-    stats["signal_batch"] = len(signal & {c.episode_index for c in ctxs}) / max(1, len({c.episode_index for c in ctxs}))
-    return ctxs, episodes, stats
 
 
 def rollout_stats(episodes: list[Episode]) -> dict[str, float]:
@@ -460,169 +937,6 @@ def rollout_tokens(episodes: list[Episode]) -> int:
     return total
 
 
-def turn_samples(episodes: list[Episode], advantages: list[float], weighting: str = "episode",
-                 per_episode: int = 0, rng: random.Random | None = None):
-    """One :class:`TurnSample` per scored turn, carrying its episode's advantage, scaled so that the
-    learner's mean over rows is the loss ``weighting`` asks for.
-
-    ``weighting="episode"`` (default): every episode weighs the same and its turns share that weight,
-    i.e. an episode is one sequence of its decisions under ``seq-mean-token-mean`` (as the official
-    code, which trains on whole multi-turn trajectories). ``"turn"``: every turn weighs the same, so
-    long (typically failed) episodes dominate. ``per_episode > 0`` keeps a uniform random subset of
-    that many turns of each episode, reweighted so the loss stays an unbiased estimate (a cheaper
-    update, at more variance).
-    """
-    from crl_agent.rl import TurnSample
-
-    if weighting not in TURN_WEIGHTINGS:
-        raise ValueError(f"turn weighting must be one of {TURN_WEIGHTINGS}, got {weighting!r}")
-    rng = rng or random.Random(0)
-    chosen: list[tuple[list[dict], float, int]] = []  # (kept turns, advantage, the episode's scored turns)
-    for ep, adv in zip(episodes, advantages, strict=True):
-        turns = [s.turn for s in ep.steps if (s.turn or {}).get("method") == "score"]
-        if not turns:
-            continue
-        kept = turns if not per_episode or len(turns) <= per_episode else \
-            [turns[i] for i in sorted(rng.sample(range(len(turns)), per_episode))]
-        chosen.append((kept, float(adv), len(turns)))
-    rows = sum(len(k) for k, _, _ in chosen)
-    total_turns = sum(n for _, _, n in chosen)
-    samples = []
-    for kept, adv, n in chosen:
-        # the learner averages over `rows`; this factor turns that average into the asked weighting
-        share = 1 / (len(chosen) * len(kept)) if weighting == "episode" else n / (len(kept) * total_turns)
-        for turn in kept:
-            # PPO's old log-prob is the policy's own (so the ratio starts at 1); a turn sampled from another
-            # behaviour (--explore mixes in uniform) is corrected by the importance weight policy / behaviour
-            weight = math.exp(turn["action_logprob"] - turn.get("behaviour_logprob", turn["action_logprob"]))
-            samples.append(TurnSample(
-                prompt_ids=turn["prompt_token_ids"], advantage=adv * share * rows * weight,
-                old_logprobs=[turn["action_logprob"]],
-                candidate_ids=turn["candidate_token_ids"], chosen=turn["chosen"], temperature=turn["temperature"],
-                norm=turn["score_norm"], policy_version=int(turn.get("policy_version", 0)),
-            ))
-    return samples
-
-
-def loss_weight(episodes: list[Episode], weighting: str) -> float:
-    """What :func:`turn_samples`' loss averages over: its episodes with a scored turn, or their scored
-    turns (so ranks of a data-parallel run combine as one batch)."""
-    counts = [sum(1 for s in ep.steps if (s.turn or {}).get("method") == "score") for ep in episodes]
-    return float(sum(1 for n in counts if n) if weighting == "episode" else sum(counts))
-
-
-async def update(llm, learner, samples, sync_dir: Path | None = None, epochs: int = 1,
-                 weight: float | None = None, diagnose: bool = False) -> dict[str, float]:
-    """``epochs`` learner updates on ``samples``; then the backend serves the new weights, stamped with the
-    learner's version.
-
-    The transformers backend shares the learner's weights: the updates run on the backend's own thread
-    between batches (no generation meanwhile) and its stale prefix cache is dropped. Other backends
-    (vLLM) get the adapter exported to ``sync_dir`` and loaded under a new id. After the first epoch the
-    samples are older than the learner by design: their recorded log-probs are PPO's old policy, so the
-    ratio moves away from 1 and the clip engages; ``stale`` reports the first epoch's count.
-    ``diagnose`` adds :meth:`PolicyLearner.divergence` of the samples before the update (``kl_ref``...).
-    """
-    metrics: dict[str, float] = {}
-    if not samples and learner.reduce_gradients is None:  # a rank of several joins the collective even so
-        return metrics
-
-    def run(_model=None) -> None:
-        before = learner.version
-        # how far the rollouts' policy (the weights before this update) has moved from the untrained one
-        divergence = learner.divergence(samples) if diagnose else {}
-        first = last = learner.update(samples, weight)
-        for _ in range(epochs - 1):
-            last = learner.update(samples, weight)
-        metrics.update(last, stale=first["stale"], stale_dropped=first["stale_dropped"], epochs=float(epochs),
-                       updated=float(learner.version - before), **divergence)
-
-    if hasattr(llm, "update_weights"):
-        await llm.update_weights(run)
-        llm.set_policy_version(learner.version)
-    else:
-        from crl_agent.rl import export_weights
-
-        await asyncio.to_thread(run)
-        if metrics.get("updated"):
-            export_weights(learner.model, sync_dir)
-            llm.load_adapter(str(sync_dir), version=learner.version)
-    return metrics
-
-
-async def join_extractor(job, manager, step: int) -> dict[str, float]:
-    """Wait for the extractor update ``job`` (its task, the calls it trains on), unfence the bank, record
-    the calls as trained at ``step``; returns its metrics (``wait_s``: how long the step waited for it)."""
-    task, used = job
-    t0 = time.perf_counter()
-    try:
-        metrics = await task
-    finally:
-        manager.resume_extractor()
-    manager.mark_trained(used, step)
-    return {**{f"extractor/{k}": v for k, v in metrics.items()},
-            "extractor/reward": sum(s.reward for s in used) / len(used),
-            "extractor/wait_s": time.perf_counter() - t0}
-
-
-def extractor_samples(manager, step: int, cooldown: int, batch: int):
-    """The extractor's CISPO batch: the latest ``batch`` calls with a meta-reward and a count-aware weight
-    above 0 (a call trained within ``cooldown`` steps is left out: see :mod:`crl_agent.experience.calllog`),
-    advantage = (reward - mean) * weight, each stamped with the extractor version that sampled it and the
-    temperature of its recorded log-probs (the distillations' 0.7), at which the learner recomputes them."""
-    from crl_agent.rl import TurnSample
-
-    ready = [s for s in manager.training_samples(step, cooldown) if s.reward is not None and s.weight > 0
-             and s.prompt_token_ids and s.token_ids and len(s.logprobs) == len(s.token_ids)]
-    if len(ready) < batch:
-        return [], []
-    ready = ready[-batch:]
-    mean = sum(s.reward for s in ready) / len(ready)
-    samples = [TurnSample(prompt_ids=s.prompt_token_ids, response_ids=s.token_ids, old_logprobs=s.logprobs,
-                          advantage=(s.reward - mean) * s.weight, policy_version=s.policy_version,
-                          temperature=s.temperature) for s in ready]
-    return samples, ready
-
-
-async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None) -> dict[str, Any]:
-    """Held-out success with the pure policy (no exploration), with and without experience in crl and
-    static modes: ``--eval-episodes`` seeds of each task, the mean over all of them (and each task's own
-    under ``success/<task>`` when there are several).
-
-    Under torchrun each rank plays its share of the seeds and every rank gets the same row."""
-    seeds = range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes)
-    row: dict[str, Any] = {"step": step}
-    learning = getattr(agent, "learning", None)
-    if learning is not None:
-        agent.learning = False  # held-out episodes are never distilled nor credited to entries
-    try:
-        for with_exp in ([False, True] if cfg.experience else [False]):
-            await _evaluate_half(cfg, pool, agent, seeds, with_exp, row, dist)
-    finally:
-        if learning is not None:
-            agent.learning = learning
-    return row
-
-
-async def _evaluate_half(cfg: TrainConfig, pool, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None) -> None:
-    tasks = cfg.task_ids
-    todo = [(task, i) for task in tasks for i in range(len(seeds))]
-    mine = dist.share(len(todo)) if dist is not None else range(len(todo))
-    ctxs = [EpisodeContext(todo[j][0], seeds[todo[j][1]], todo[j][1], with_experience=with_exp) for j in mine]
-    eps = await play(cfg, pool, agent, ctxs, explore=0.0)
-    results = [(c.env_id, e.success, e.error is not None, e.actions) for c, e in zip(ctxs, eps, strict=True)]
-    if dist is not None:
-        results = [r for part in dist.gather(results) for r in part]
-    key, tag = ("with_experience", "_with_experience") if with_exp else ("success", "")
-    for task in [None, *tasks] if len(tasks) > 1 else [None]:
-        part = [r for r in results if task is None or r[0] == task]
-        n, suffix = len(part), "" if task is None else f"/{task}"
-        row[key + suffix] = sum(ok for _, ok, err, _ in part if not err) / n
-        row[key + "_se" + suffix] = math.sqrt(row[key + suffix] * (1 - row[key + suffix]) / n)
-        row["errored" + tag + suffix] = sum(err for _, _, err, _ in part)
-        row["mean_actions" + tag + suffix] = sum(a for *_, a in part) / n
-
-
 def plot_curve(out: Path, evals: list[dict[str, Any]], cfg: TrainConfig) -> Path:
     import matplotlib
 
@@ -646,22 +960,6 @@ def plot_curve(out: Path, evals: list[dict[str, Any]], cfg: TrainConfig) -> Path
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-def export(cfg: TrainConfig, out: Path, llm, trained, extractor, ext_learner, final: bool) -> None:
-    """The trained weights where ``eval.run`` loads them: ``adapters/actor`` (and ``adapters/extractor``)
-    after every step with LoRA; a whole model folder ``model/`` (and ``extractor_model/``) at the end
-    without it."""
-    from crl_agent.rl import export_weights
-
-    if cfg.lora_rank > 0:
-        export_weights(trained, out / "adapters" / "actor")
-        if ext_learner is not None:
-            export_weights(ext_learner.model, out / "adapters" / "extractor")
-    elif final:
-        export_weights(trained, out / "model", llm.tokenizer)
-        if ext_learner is not None:
-            export_weights(ext_learner.model, out / "extractor_model", extractor.tokenizer)
 
 
 def rewrite_jsonl(path: Path, keep) -> None:
@@ -739,21 +1037,6 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
         f.flush()
 
 
-# ---------------------------------------------------------------------------------------- the loop
-async def train(cfg: TrainConfig, out: Path, resume: bool = False, quiet: bool = False) -> list[dict[str, Any]]:
-    """Run ``cfg``; returns the held-out evaluations. Under ``torchrun`` every rank calls this (see
-    :mod:`crl_agent.rl.distributed`); rank 0 writes ``out``."""
-    from crl_agent.rl import Distributed
-
-    cfg.check()
-    dist = Distributed(cfg.device)
-    try:
-        check_world(cfg, dist)
-        return await _train(cfg, out, dist, resume, quiet)
-    finally:
-        dist.close()
-
-
 def check_world(cfg: TrainConfig, dist) -> None:
     """What a multi-process run needs (each rank plays whole groups; asks are answered on rank 0 only)."""
     if dist.world == 1:
@@ -788,234 +1071,6 @@ def call_log_offset(agent) -> int | None:
     ``--resume`` cuts the log back to it (:meth:`ExperienceManager.rewind_log`)."""
     manager = getattr(agent, "manager", None)
     return None if manager is None else manager.log_offset()
-
-
-async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -> list[dict[str, Any]]:
-    import torch
-    from tqdm import tqdm
-
-    from crl_agent.rl import config_diff, load_checkpoint, save_checkpoint, split_group_advantages
-
-    main_rank = dist.main
-    # rank 0 owns `out`; the other ranks keep their bank copy and adapter exports in a folder of their own
-    home = out if main_rank else out / "ranks" / f"rank{dist.rank}"
-    home.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / "checkpoint.pt"
-    if ckpt_path.exists() and not resume:
-        raise SystemExit(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
-    if resume and ckpt_path.exists():  # refused before anything loads (or opens the bank)
-        saved = torch.load(ckpt_path, weights_only=False, map_location="cpu")["config"]  # what the weights came from
-        if "env" in saved:  # a run from before --tasks named its one task --env
-            saved.setdefault("tasks", saved.pop("env"))
-        # a run from before a field existed ran with its default (e.g. --agent-arg, --distil-per-group)
-        for f in dataclasses.fields(TrainConfig):
-            saved.setdefault(f.name, f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-        resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
-        diff = config_diff({k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}, resumable)
-        if diff:
-            raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}); "
-                             "use the same options or another --out")
-    dist.barrier()  # every rank has read the checkpoint's config before rank 0 may write anything
-    torch.manual_seed(cfg.seed)
-    try:
-        llm, trained, learner, agent, extractor, ext_learner = build(dataclasses.replace(cfg, device=dist.device),
-                                                                     home, dist)
-    except LLMError as e:  # a model that cannot load here (no chat template, a bad adapter, no GPU...)
-        raise ConfigError(str(e)) from e
-    start, evals, trained_before = 0, [], 0.0  # trained_before: training seconds of earlier sessions of this run
-    if resume and ckpt_path.exists():
-        # every rank restores the same weights and optimiser state from rank 0's checkpoint
-        models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
-        learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
-        ck = load_checkpoint(ckpt_path, models=models, learners=learners)
-        start, evals = ck.step, ck.extra.get("evals", [])
-        trained_before = float(ck.extra.get("train_time_s", 0.0))
-        llm.set_policy_version(learner.version)  # samples are stamped with the learner's version
-        if not hasattr(llm, "update_weights") and learner.version:  # vLLM: serve the restored adapter
-            from crl_agent.rl import export_weights
-
-            llm.load_adapter(str(export_weights(trained, home / "adapters" / "actor")), version=learner.version)
-        if ext_learner is not None:
-            extractor.set_policy_version(ext_learner.version)
-        offset = ck.extra.get("call_log_offset")
-        if main_rank and offset is not None and getattr(agent, "manager", None) is not None:
-            # the experience side goes back to the checkpoint too: the killed step's calls, outcomes and training
-            # counts are cut, so the step redone now credits each of its episodes once
-            agent.manager.rewind_log(offset)
-    if not dist.same_weights(learner.params):
-        raise RuntimeError("the ranks do not hold the same actor weights (a checkpoint written under another setup?)")
-    if main_rank:
-        # a run killed after writing a step's rows but before its checkpoint redoes that step: drop those rows
-        rewrite_jsonl(out / "metrics.jsonl", lambda row: row.get("step", 0) <= start)
-        rewrite_jsonl(out / "evals.jsonl", lambda row: row in evals)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-    tasks = cfg.task_ids
-    scalars = Scalars(out) if main_rank else None
-    ext_job = None  # the extractor update in flight: (task, the calls it trains on)
-    pool = None
-    try:
-        pool = await open_pool(cfg)
-        if not evals:
-            await sync_bank(agent, out, dist)
-            evals.append(await evaluate(cfg, pool, agent, 0, dist))
-            if main_rank:
-                append_jsonl(out / "evals.jsonl", evals[-1])
-                scalars.add(evals[-1], "heldout/")
-        bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.mode}",
-                   disable=quiet or not main_rank)
-        began, eval_s = time.perf_counter(), 0.0  # the time budget counts training, not held-out evaluation
-
-        def trained_s() -> float:  # over every session of this run (a resumed run continues its budget)
-            return trained_before + time.perf_counter() - began - eval_s
-
-        for step in bar:
-            # rank 0's clock decides, so every rank stops after the same step
-            last = dist.broadcast(step + 1 == cfg.steps or (cfg.time_budget_min > 0
-                                                            and trained_s() > 60 * cfg.time_budget_min))
-            t0 = time.perf_counter()
-            # 1. rollout: `groups` seeds x K rollouts (the groups go to the tasks in turn); crl and static: the
-            # first K/2 of each group without experience
-            manager = getattr(agent, "manager", None)
-            merged = {}
-            if manager is not None and main_rank:
-                await manager.flush()
-                if cfg.merge_every and step and step % cfg.merge_every == 0:
-                    merged = await manager.merge()
-            await sync_bank(agent, out, dist)
-            # 4a. extractor update (CISPO on meta-rewarded calls), on rank 0: launched now, beside the rollouts
-            ext_row: dict[str, float] = {}
-            if ext_learner is not None and main_rank and step >= cfg.extractor_warmup:  # crl (static: frozen)
-                ext_samples, used = extractor_samples(manager, step, cfg.cooldown, cfg.extractor_batch)
-                if ext_samples:
-                    manager.pause_extractor()  # the bank is fenced until the update is in
-                    ext_job = (asyncio.create_task(update(extractor, ext_learner, ext_samples)), used)
-                    if not cfg.extractor_async:  # --extractor-async 0: done before the rollouts start
-                        job, ext_job = ext_job, None
-                        ext_row = await join_extractor(job, manager, step)
-            # training seeds stay below --eval-seed, so no held-out seed is ever trained on
-            ctxs, episodes, sampled = await rollout(cfg, pool, agent, step, dist)
-            rollout_s = time.perf_counter() - t0
-            if manager is not None and dist.world > 1:  # the other ranks' episodes reach rank 0's manager
-                outbox = [] if main_rank else agent.outbox
-                received = dist.gather(outbox)
-                if main_rank:
-                    for credit in (c for part in received[1:] for c in part):
-                        agent.credit(credit, remote=True)
-                else:
-                    agent.outbox = []
-            kept = [(c, e) for c, e in zip(ctxs, episodes, strict=True) if e.error is None]
-            # 2. advantages within each (group, with/without experience) half
-            rewards = [float(e.success) for _, e in kept]
-            adv = split_group_advantages(rewards, [c.episode_index for c, _ in kept],
-                                         [c.with_experience for c, _ in kept],
-                                         scale=cfg.adv_scale).tolist() if kept else []
-            # 3. actor update (PPO-clip), then the backend drops its stale prefix cache
-            samples = turn_samples([e for _, e in kept], adv, cfg.turn_weight, cfg.turns_per_episode,
-                                   random.Random(cfg.seed * 1_000_003 + step + 104_729 * dist.rank))
-            t1 = time.perf_counter()
-            metrics = await update(llm, learner, samples, home / "adapters" / "actor", cfg.ppo_epochs,
-                                   weight=loss_weight([e for _, e in kept], cfg.turn_weight), diagnose=True)
-            # the step's numbers over every rank's episodes; success over the scheduled groups (as sampled,
-            # before dynamic sampling adds or drops any)
-            played, played_eps = sampled["scheduled"]
-            local = {"rewards": [(c.env_id, c.with_experience, float(e.success))
-                                 for c, e in zip(played, played_eps, strict=True) if e.error is None],
-                     "episodes": len(played_eps), "tokens": rollout_tokens(played_eps), "samples": len(samples),
-                     "stats": rollout_stats([e for e in played_eps if e.error is None]),
-                     "signal": (sampled["signal_scheduled"], sampled["signal_batch"], sampled["extra_groups"])}
-            parts = dist.gather(local)
-            every = [x for p in parts for x in p["rewards"]]
-            n_episodes = sum(p["episodes"] for p in parts)
-            tokens = sum(p["tokens"] for p in parts)
-            row = {"step": step + 1, "time_s": 0.0, "rollout_s": rollout_s, "update_s": time.perf_counter() - t1,
-                   "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
-                   "samples": sum(p["samples"] for p in parts), "episodes": n_episodes,
-                   "errored": n_episodes - len(every),
-                   "train_success": sum(r for *_, r in every) / max(1, len(every)),
-                   # the share of groups whose advantages are not all zero: scheduled, and in the batch learned from
-                   "signal_groups": sum(p["signal"][0] for p in parts) / len(parts),
-                   "signal_groups_batch": sum(p["signal"][1] for p in parts) / len(parts),
-                   "extra_groups": sum(p["signal"][2] for p in parts),
-                   **{k: sum(p["stats"].get(k, 0.0) for p in parts) / len(parts) for k in parts[0]["stats"]},
-                   **{f"actor/{k}": v for k, v in metrics.items()}}
-            if dist.world > 1:
-                row["processes"] = dist.world
-            if len(tasks) > 1:
-                for task in tasks:
-                    mine = [r for t, _, r in every if t == task]
-                    if mine:
-                        row[f"train_success/{task}"] = sum(mine) / len(mine)
-            if cfg.experience:
-                wo = [r for _, w, r in every if not w]
-                wi = [r for _, w, r in every if w]
-                row["train_success_without_experience"] = sum(wo) / max(1, len(wo))
-                row["train_success_with_experience"] = sum(wi) / max(1, len(wi))
-            # 4b. the extractor update joins (rank 0); the held distillations now run on its new weights
-            if ext_job is not None:
-                job, ext_job = ext_job, None
-                ext_row = await join_extractor(job, manager, step)
-            row.update(ext_row)
-            if manager is not None and main_rank:
-                stats = manager.stats
-                row["extractor/distillations"] = stats.get("distillations", 0)
-                row["extractor/valid_ops"] = stats.get("ops_applied", stats.get("adds", 0))
-                row["extractor/malformed"] = stats.get("malformed", 0)
-                if row["extractor/valid_ops"] + row["extractor/malformed"]:  # so far (the counters are cumulative)
-                    row["extractor/valid_rate"] = row["extractor/valid_ops"] / (row["extractor/valid_ops"]
-                                                                               + row["extractor/malformed"])
-                row["bank_entries"] = len(agent.bank)
-                # the meta-reward so far (mean outcome of the episodes each call's entries guided, 0 -> -1),
-                # over every extractor call that has one: logged each step, whether or not the extractor trains
-                rewarded = manager.meta_rewards()
-                row["extractor/rewarded_calls"] = len(rewarded)
-                if rewarded:
-                    row["extractor/meta_reward"] = sum(rewarded) / len(rewarded)
-                row["extractor/merges"] = stats.get("merges", 0)
-                row.update({f"extractor/merge_{k}": v for k, v in merged.items()})
-            row["time_s"] = time.perf_counter() - t0
-            if main_rank:
-                append_jsonl(out / "metrics.jsonl", row)
-                scalars.add(row, "train/")
-            bar.set_postfix(success=f"{row['train_success']:.2f}")
-            # 5. held-out evaluation and an atomic checkpoint
-            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
-                t_eval = time.perf_counter()
-                await sync_bank(agent, out, dist)
-                evals.append(await evaluate(cfg, pool, agent, step + 1, dist))
-                done = time.perf_counter()
-                evals[-1].update(train_time_s=trained_s() - (done - t_eval), eval_time_s=done - t_eval)
-                eval_s += done - t_eval
-                if main_rank:
-                    scalars.add(evals[-1], "heldout/")
-                    append_jsonl(out / "evals.jsonl", evals[-1])
-            if main_rank:
-                models = {"actor": trained, **({"extractor": ext_learner.model} if ext_learner else {})}
-                learners = {"actor": learner, **({"extractor": ext_learner} if ext_learner else {})}
-                if manager is not None:  # the step's distillations are in the bank before its checkpoint
-                    await manager.flush()
-                save_checkpoint(ckpt_path, step=step + 1, config=dataclasses.asdict(cfg), models=models,
-                                learners=learners, extra={"evals": evals, "train_time_s": trained_s(),
-                                                          "call_log_offset": call_log_offset(agent)})
-                export(cfg, out, llm, trained, extractor, ext_learner, final=last)
-            if last:
-                break
-        if main_rank:
-            plot_curve(out, evals, cfg)
-    finally:
-        if ext_job is not None:  # an error or interrupt mid-step: let the update end (it cannot be cut off
-            # inside its thread) before the manager closes and runs the held distillations
-            await asyncio.wait([ext_job[0]])
-            if not ext_job[0].cancelled() and ext_job[0].exception() is not None:
-                log.warning("the extractor update in flight failed: %s", ext_job[0].exception())
-            agent.manager.resume_extractor()
-        if pool is not None:
-            pool.close()
-        if scalars is not None:
-            scalars.close()
-        await agent.aclose()
-        if extractor is not None:
-            await extractor.aclose()
-    return evals
 
 
 # ---------------------------------------------------------------------------------------- CLI

@@ -238,18 +238,21 @@ def _episode(turns: int):
 def test_turn_samples_weigh_episodes_equally_or_turns_equally_and_subsample_without_bias():
     import random
 
-    from crl_agent.train import turn_samples
+    from crl_agent.rl import turn_samples
 
     eps, adv = [_episode(1), _episode(3)], [1.0, -1.0]
     # the learner averages the rows: (1/4) * sum(row advantages) must be each weighting's loss coefficient sum
-    by_episode = [s.advantage for s in turn_samples(eps, adv, "episode")]
-    assert by_episode == pytest.approx([2.0, -2 / 3, -2 / 3, -2 / 3])  # each episode: 1/2 of the loss, split by turns
-    by_turn = [s.advantage for s in turn_samples(eps, adv, "turn")]
-    assert by_turn == pytest.approx([1.0, -1.0, -1.0, -1.0])  # every turn the same: the long episode dominates
+    by_episode = turn_samples(eps, adv, "episode")
+    assert [s.advantage for s in by_episode.samples] == pytest.approx([2.0, -2 / 3, -2 / 3, -2 / 3])  # each
+    # episode: 1/2 of the loss, split by turns; ranks combine by episodes
+    assert by_episode.loss_weight == 2
+    by_turn = turn_samples(eps, adv, "turn")
+    assert [s.advantage for s in by_turn.samples] == pytest.approx([1.0, -1.0, -1.0, -1.0])  # every turn the same:
+    assert by_turn.loss_weight == 4  # the long episode dominates
     # 2 of 3 turns kept from the long episode: each kept turn carries 1/2 of that episode's half
-    sub = turn_samples(eps, adv, "episode", per_episode=2, rng=random.Random(0))
+    sub = turn_samples(eps, adv, "episode", per_episode=2, rng=random.Random(0)).samples
     assert [s.advantage for s in sub] == pytest.approx([1.5, -0.75, -0.75])  # rows = 3: 3 * 1/2 * 1/1, 3 * 1/2 * 1/2
-    sub = turn_samples(eps, adv, "turn", per_episode=2, rng=random.Random(0))
+    sub = turn_samples(eps, adv, "turn", per_episode=2, rng=random.Random(0)).samples
     assert sum(s.advantage for s in sub) / len(sub) == pytest.approx((1.0 - 3.0) / 4)  # unbiased for the turn mean
     with pytest.raises(ValueError, match="turn weighting"):
         turn_samples(eps, adv, "token")
@@ -319,7 +322,7 @@ class _ServedElsewhere:
 
 def test_a_backend_that_does_not_share_the_weights_gets_each_update_as_an_exported_adapter(tiny, tmp_path):
     from crl_agent.llm import make_llm
-    from crl_agent.rl import PolicyLearner, TurnSample, add_lora
+    from crl_agent.rl import ExportedAdapter, PolicyLearner, TurnSample, add_lora
     from crl_agent.train import update
 
     llm = make_llm("transformers", tiny, dtype="float32")
@@ -329,16 +332,17 @@ def test_a_backend_that_does_not_share_the_weights_gets_each_update_as_an_export
     samples = [TurnSample(prompt_ids=ids, advantage=a, old_logprobs=[-0.7], candidate_ids=cands, chosen=k)
                for k, a in ((0, 1.0), (1, -1.0))]
     served = _ServedElsewhere()
-    metrics = asyncio.run(update(served, learner, samples, tmp_path / "sync"))
+    sync = ExportedAdapter(served, tmp_path / "sync")
+    metrics = asyncio.run(update(sync, learner, samples))
     assert metrics["updated"] == 1 and learner.version == 1
     assert served.loaded == [(str(tmp_path / "sync"), 1, served.loaded[0][2])]
     assert "adapter_config.json" in served.loaded[0][2]
-    assert asyncio.run(update(served, learner, [], tmp_path / "sync")) == {} and len(served.loaded) == 1
+    assert asyncio.run(update(sync, learner, [])) == {} and len(served.loaded) == 1
     # PPO epochs: three updates on one batch, one sync; later epochs see the ratio move off 1
     import dataclasses
 
     fresh = [dataclasses.replace(x, policy_version=learner.version) for x in samples]
-    metrics = asyncio.run(update(served, learner, fresh, tmp_path / "sync", epochs=3))
+    metrics = asyncio.run(update(sync, learner, fresh, epochs=3))
     assert (metrics["updated"], metrics["epochs"], learner.version) == (3, 3, 4)
     assert served.loaded[-1][1] == 4 and len(served.loaded) == 2
     assert metrics["stale"] == 0 and metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
@@ -453,7 +457,8 @@ def test_the_extractor_runs_on_its_own_model_and_grpo_refuses_one(tiny, tmp_path
     other = str(build_tiny_chat_model(tmp_path / "other", seed=1))
     cfg = TrainConfig(tasks=DOORS, mode="crl", model=tiny, extractor_model=other, dtype="float32", lora_rank=4,
                       embedder="hash", agent_args={"max_tool_calls": 0})
-    llm, trained, learner, agent, extractor, ext_learner = build(cfg, tmp_path / "run")
+    setup = build(cfg, tmp_path / "run")
+    llm, agent, extractor, ext_learner = setup.llm, setup.agent, setup.extractor, setup.extractor_learner
     try:
         from transformers import AutoModelForCausalLM
 

@@ -107,7 +107,7 @@ def test_the_extractor_batch_leaves_out_calls_in_cooldown_and_carries_the_versio
     import asyncio
 
     from crl_agent.experience import ExperienceBank, ExperienceManager, ManagerConfig
-    from crl_agent.train import extractor_samples
+    from crl_agent.rl import extractor_samples
     from tests.test_experience_manager import TASK, VersionedLLM, add, ops, traj
 
     llm = VersionedLLM([ops(add("Corners", "If a box is in a corner, then restart.")), "Avoid the corners."])
@@ -175,7 +175,8 @@ def _distilled(tiny, tmp_path, monkeypatch):
     from crl_agent.experience import extractor as ex
     from crl_agent.llm import make_llm
     from crl_agent.llm.base import SamplingParams
-    from crl_agent.train import extractor_samples, manager_settings
+    from crl_agent.rl import extractor_samples
+    from crl_agent.train import manager_settings
     from tests.test_experience_manager import add, ops, traj
 
     real_parse = ex.parse_distil

@@ -9,7 +9,11 @@ The pieces a trainer (``python -m crl_agent.train``) imports, each a small modul
 - :mod:`~crl_agent.rl.logprobs`: ``sequence_logprobs``, ``candidate_logprobs``, ``action_logprob``
   (differentiable, chunked so no full-vocabulary logits are ever kept).
 - :mod:`~crl_agent.rl.samples`: ``TurnSample`` (one actor turn as sampled, score or generate mode);
+  :mod:`~crl_agent.rl.batches`: ``turn_samples`` (the actor's batch from episodes, with the loss
+  weighting) and ``extractor_samples`` (the extractor's CISPO batch from meta-rewarded calls);
   :mod:`~crl_agent.rl.learner`: ``PolicyLearner`` (one AdamW update per call).
+- :mod:`~crl_agent.rl.weight_sync`: ``SharedWeights`` and ``ExportedAdapter``, how new weights reach
+  the backend that samples the next rollouts.
 - :mod:`~crl_agent.rl.lora`: ``add_lora``; :mod:`~crl_agent.rl.checkpoint`: atomic checkpoints and
   ``config_diff``; :mod:`~crl_agent.rl.distributed`: ``Distributed`` (``torchrun`` data parallelism).
 
@@ -40,6 +44,11 @@ _EXPORTS = {
     "action_logprob": "logprobs",
     "token_logprobs": "logprobs",
     "TurnSample": "samples",
+    "ActorBatch": "batches",
+    "turn_samples": "batches",
+    "extractor_samples": "batches",
+    "SharedWeights": "weight_sync",
+    "ExportedAdapter": "weight_sync",
     "PolicyLearner": "learner",
     "NonFiniteUpdate": "learner",
     "OutOfMemory": "learner",
