@@ -1,5 +1,6 @@
 """Episodes as data: what a policy knows before an episode (:class:`EpisodeContext`), each step
-(:class:`Step`) and the finished episode (:class:`Episode`).
+(:class:`Step`, with the :class:`ScoredTurn` a scoring policy decided by) and the finished episode
+(:class:`Episode`).
 
 A leaf module (it imports nothing of crl_agent): agents (:mod:`crl_agent.agents.base`), the rollout
 loop (:mod:`crl_agent.rollout`), the trainer and the eval harness all speak these types. Episodes
@@ -59,6 +60,52 @@ class EpisodeContext:
 
 
 @dataclass
+class ScoredTurn:
+    """One decision made by scoring the admissible actions (GLAM: a softmax over their log-probs as
+    replies), as the policy sampled it: what a trainer learns from (:func:`crl_agent.rl.turn_samples`).
+    Its :meth:`trace` is what the episode's trajectory records of it.
+
+    Attributes:
+        candidates: the texts scored (the admissible actions, then any tool candidates).
+        logprobs: each candidate's score (normalised as ``score_norm`` says).
+        probs: the policy's probability of each, ``softmax(logprobs / temperature)``.
+        chosen: the index picked.
+        action_logprob: the policy's own log-prob of it (PPO's old log-prob).
+        behaviour_logprob: its log-prob under what it was sampled from (``explore`` mixes in uniform).
+        temperature, score_norm: how the scores became ``probs``.
+        policy_version: the weights that scored it.
+        prompt_token_ids, candidate_token_ids: the exact ids scored (never re-tokenised).
+    """
+
+    candidates: list[str]
+    logprobs: list[float]
+    probs: list[float]
+    chosen: int
+    action_logprob: float
+    behaviour_logprob: float
+    temperature: float
+    score_norm: str
+    policy_version: int
+    prompt_token_ids: list[int]
+    candidate_token_ids: list[list[int]]
+
+    def trace(self) -> dict[str, Any]:
+        """The turn trace fields of this decision (see ``eval/trajectories.py``)."""
+        return {
+            "candidates": [{"text": c, "logprob": lp, "prob": p}
+                           for c, lp, p in zip(self.candidates, self.logprobs, self.probs, strict=True)],
+            "chosen": self.chosen,
+            "action_logprob": self.action_logprob,
+            "behaviour_logprob": self.behaviour_logprob,
+            "temperature": self.temperature,
+            "score_norm": self.score_norm,
+            "policy_version": self.policy_version,
+            "prompt_token_ids": self.prompt_token_ids,
+            "candidate_token_ids": self.candidate_token_ids,
+        }
+
+
+@dataclass
 class Step:
     """One ``env.step`` of an episode, with the observation it answered."""
 
@@ -74,6 +121,8 @@ class Step:
     progress: float
     info: dict[str, Any] = field(default_factory=dict)
     turn: dict[str, Any] | None = None
+    scored: ScoredTurn | None = None  # the decision, typed, when the policy scored the actions (not recorded:
+    # ``turn`` holds its trace)
 
 
 @dataclass
@@ -119,7 +168,7 @@ class Episode:
         (``dataclasses.asdict``'s deep copy cost 9 ms per 100-step episode).
         """
         out = {k: getattr(self, k) for k in (*SUMMARY_FIELDS, "task", "agent", "final_observation")}
-        out["steps"] = [dict(vars(s)) for s in self.steps]
+        out["steps"] = [{k: v for k, v in vars(s).items() if k != "scored"} for s in self.steps]
         return out
 
 

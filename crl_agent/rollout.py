@@ -31,9 +31,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from crl_agent.agents.base import Agent
-from crl_agent.episode import SUMMARY_FIELDS, Episode, EpisodeContext, EpisodeResult, Step, episode_key
+from crl_agent.episode import SUMMARY_FIELDS, Episode, EpisodeContext, EpisodeResult, ScoredTurn, Step, episode_key
 
-__all__ = ["SUMMARY_FIELDS", "CallableSlot", "EnvSlot", "Episode", "EpisodeContext", "EpisodeResult", "PoolSlot", "Step",
+__all__ = ["SUMMARY_FIELDS", "CallableSlot", "EnvSlot", "Episode", "EpisodeContext", "EpisodeResult", "PoolSlot", "ScoredTurn", "Step",
            "episode_key", "json_safe", "open_pool", "play", "run_episode"]
 
 STEP_INFO_KEYS = ("valid_action", "success", "progress", "admissible_actions")
@@ -90,6 +90,12 @@ def _trace_of(policy: Any, where: str) -> dict[str, Any] | None:
     return json_safe(trace, where)
 
 
+def _scored_of(policy: Any) -> ScoredTurn | None:
+    scored_fn = getattr(policy, "scored_turn", None)
+    scored = scored_fn() if scored_fn is not None else None
+    return scored if isinstance(scored, ScoredTurn) else None
+
+
 async def run_episode(
     env: EnvSlot,
     agent: Agent,
@@ -125,6 +131,7 @@ async def run_episode(
             action = await pending
             where = f"{ctx.env_id}#{ctx.seed}#{ctx.sample} step {len(ep.steps)}"
             turn = _trace_of(policy, f"{where} turn")
+            scored = _scored_of(policy)
             admissible = info.get("admissible_actions")
             prev_obs = obs
             obs, reward, term, trunc, info = await env.step(action)
@@ -142,6 +149,7 @@ async def run_episode(
                 progress=float(info.get("progress", 0.0)),
                 info=json_safe({k: v for k, v in info.items() if k not in STEP_INFO_KEYS}, f"{where} info"),
                 turn=turn,
+                scored=scored,
             )
             ep.steps.append(step)
             ep.final_observation = obs

@@ -911,7 +911,7 @@ def rollout_stats(episodes: list[Episode]) -> dict[str, float]:
     for ep in episodes:
         previous = None
         for st in ep.steps:
-            probs = [c.get("prob", 0.0) for c in (st.turn or {}).get("candidates") or ()]
+            probs = st.scored.probs if st.scored is not None else []
             if probs:
                 entropies.append(-sum(p * math.log(p) for p in probs if p > 0))
             repeats += st.action == previous
@@ -930,10 +930,11 @@ def rollout_tokens(episodes: list[Episode]) -> int:
     total = 0
     for ep in episodes:
         for step in ep.steps:
-            turn = step.turn or {}
-            total += len(turn.get("prompt_token_ids") or ())
-            total += sum(len(c) for c in turn.get("candidate_token_ids") or ())
-            total += len(turn.get("token_ids") or ())
+            if step.scored is not None:
+                total += len(step.scored.prompt_token_ids) + sum(len(c) for c in step.scored.candidate_token_ids)
+            else:  # a generated reply
+                turn = step.turn or {}
+                total += len(turn.get("prompt_token_ids") or ()) + len(turn.get("token_ids") or ())
     return total
 
 

@@ -227,11 +227,13 @@ def test_a_crl_step_with_distil_per_group_distils_only_that_many_episodes(tiny, 
 
 
 def _episode(turns: int):
-    from crl_agent.rollout import Episode, Step
+    from crl_agent.episode import Episode, ScoredTurn, Step
 
-    turn = {"method": "score", "prompt_token_ids": [1, 2], "action_logprob": -1.0, "candidate_token_ids": [[3], [4]],
-            "chosen": 0, "temperature": 1.0, "score_norm": "sum"}
-    steps = [Step(t, "obs", ["a", "b"], "a", 0.0, True, False, False, False, 0.0, turn=dict(turn)) for t in range(turns)]
+    scored = ScoredTurn(candidates=["a", "b"], logprobs=[-1.0, -2.0], probs=[0.73, 0.27], chosen=0, action_logprob=-1.0,
+                        behaviour_logprob=-1.0, temperature=1.0, score_norm="sum", policy_version=0,
+                        prompt_token_ids=[1, 2], candidate_token_ids=[[3], [4]])
+    steps = [Step(t, "obs", ["a", "b"], "a", 0.0, True, False, False, False, 0.0, turn=scored.trace(), scored=scored)
+             for t in range(turns)]
     return Episode("test/Doors-v0", 0, steps=steps)
 
 

@@ -154,21 +154,23 @@ def test_kl_needs_a_lora_model_and_coefficients_are_checked(tiny):
 
 
 def test_explored_turns_are_corrected_by_policy_over_behaviour_and_the_first_ratio_is_one(tiny):
+    from crl_agent.episode import Episode, ScoredTurn, Step
     from crl_agent.rl import turn_samples
-    from crl_agent.rollout import Episode, Step
 
     learner = _learner(tiny)
     s = _sample()
     policy_lp = _logprob(learner, s)
     behaviour_lp = math.log(0.5 * math.exp(policy_lp) + 0.5 / 3)  # 0.5 * policy + 0.5 * uniform over 3
-    turn = {"method": "score", "prompt_token_ids": s.prompt_ids, "candidate_token_ids": s.candidate_ids, "chosen": 0,
-            "temperature": 1.0, "score_norm": "sum", "action_logprob": policy_lp, "behaviour_logprob": behaviour_lp}
-    ep = Episode("x", 0, steps=[Step(0, "obs", ["a", "b", "c"], "a", 0.0, True, False, False, False, 0.0, turn=turn)])
+    scored = ScoredTurn(candidates=["a", "b", "c"], logprobs=[0.0, 0.0, 0.0], probs=[1 / 3] * 3, chosen=0,
+                        action_logprob=policy_lp, behaviour_logprob=behaviour_lp, temperature=1.0, score_norm="sum",
+                        policy_version=0, prompt_token_ids=s.prompt_ids, candidate_token_ids=s.candidate_ids)
+    ep = Episode("x", 0, steps=[Step(0, "obs", ["a", "b", "c"], "a", 0.0, True, False, False, False, 0.0,
+                                     scored=scored)])
     [sample] = turn_samples([ep], [1.0]).samples
     assert sample.old_logprobs == [pytest.approx(policy_lp)]  # PPO's ratio starts from the policy's own
     assert sample.advantage == pytest.approx(math.exp(policy_lp - behaviour_lp))  # the importance weight
     metrics = learner.update([sample])
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and metrics["clip_fraction"] == 0.0
     # a turn without exploration (behaviour = policy) keeps its advantage
-    turn["behaviour_logprob"] = turn["action_logprob"]
+    scored.behaviour_logprob = scored.action_logprob
     assert turn_samples([ep], [1.0]).samples[0].advantage == pytest.approx(1.0)

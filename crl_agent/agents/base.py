@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from crl_agent.episode import Episode, EpisodeContext
+from crl_agent.episode import Episode, EpisodeContext, ScoredTurn
 
 __all__ = ["Agent", "EpisodeContext", "Policy"]  # EpisodeContext: its home is crl_agent.episode
 
@@ -41,6 +41,11 @@ class Policy(abc.ABC):
         LLM policies return the messages sent, the reply, token ids and log-probs, scored candidates...
         (see the trajectory schema in ``eval/trajectories.py``). Called once right after each ``act``.
         """
+        return None
+
+    def scored_turn(self) -> ScoredTurn | None:
+        """The last :meth:`act`'s decision when it was made by scoring the admissible actions (what a
+        trainer learns from), else ``None``. Called once right after each ``act``, beside :meth:`turn_trace`."""
         return None
 
     def usage(self) -> dict[str, int]:

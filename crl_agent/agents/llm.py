@@ -42,7 +42,7 @@ import numpy as np
 
 from crl_agent import prompts
 from crl_agent.agents.base import Agent, Policy
-from crl_agent.episode import EpisodeContext
+from crl_agent.episode import EpisodeContext, ScoredTurn
 from crl_agent.llm import LLM, Completion, Message, SamplingParams, make_llm
 
 ACTION_MODES = ("auto", "score", "generate")
@@ -135,7 +135,8 @@ class Turn:
     completions: list[Completion] = field(default_factory=list)
     history_tokens: int = 0
     valid: bool | None = None  # whether the env accepted the action (known at the next step)
-    trace: dict[str, Any] = field(default_factory=dict)  # subclass additions (experience shown, searches, scores)
+    trace: dict[str, Any] = field(default_factory=dict)  # subclass additions (experience shown, searches)
+    scored: ScoredTurn | None = None  # score mode: the decision (its trace is part of the turn's)
 
 
 class LLMPolicy(Policy):
@@ -280,22 +281,18 @@ class LLMPolicy(Policy):
             self.tool_calls += 1
             scratch += await self.on_score_tool(candidates[chosen], messages, info)
         action = actions[chosen]
-        trace = {
-            "candidates": [{"text": c, "logprob": float(lp), "prob": float(p)}
-                           for c, lp, p in zip(candidates, scores, probs, strict=True)],
-            "chosen": chosen,
-            "action_logprob": float(np.log(max(probs[chosen], 1e-300))),  # the policy's own (PPO's old log-prob)
-            "behaviour_logprob": float(np.log(max((probs if behaviour is None else behaviour)[chosen], 1e-300))),
-            "temperature": agent.temperature,
-            "score_norm": agent.score_norm,
-            "policy_version": result.policy_version,
-            "prompt_token_ids": result.prompt_token_ids,
-            "candidate_token_ids": result.candidate_token_ids,
-        }
+        scored = ScoredTurn(
+            candidates=list(candidates), logprobs=[float(lp) for lp in scores], probs=[float(p) for p in probs],
+            chosen=chosen,
+            action_logprob=float(np.log(max(probs[chosen], 1e-300))),  # the policy's own (PPO's old log-prob)
+            behaviour_logprob=float(np.log(max((probs if behaviour is None else behaviour)[chosen], 1e-300))),
+            temperature=agent.temperature, score_norm=agent.score_norm, policy_version=result.policy_version,
+            prompt_token_ids=result.prompt_token_ids, candidate_token_ids=result.candidate_token_ids,
+        )
         hist_tokens = agent.llm.count_tokens(action) + 16
         if agent.history_style == "full":
             hist_tokens += agent.llm.count_tokens(obs)
-        self.turns.append(Turn(obs, action, action, "score", messages, [], hist_tokens, trace=trace))
+        self.turns.append(Turn(obs, action, action, "score", messages, [], hist_tokens, scored=scored))
         self._feedback = ""
         return action
 
@@ -355,8 +352,13 @@ class LLMPolicy(Policy):
             if len(turn.completions) > 1:  # tool calls: every model call of the turn, in order
                 trace["calls"] = [{"text": c.text, "prompt_token_ids": c.prompt_token_ids or [],
                                    "token_ids": c.token_ids, "logprobs": c.logprobs} for c in turn.completions]
+        if turn.scored is not None:
+            trace.update(turn.scored.trace())
         trace.update(turn.trace)
         return trace
+
+    def scored_turn(self) -> ScoredTurn | None:
+        return self.turns[-1].scored if self.turns else None
 
     def usage(self) -> dict[str, int]:
         return {

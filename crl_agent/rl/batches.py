@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from crl_agent.episode import Episode
+from crl_agent.episode import Episode, ScoredTurn
 from crl_agent.rl.advantages import extractor_advantages
 from crl_agent.rl.samples import TurnSample
 
@@ -36,9 +36,9 @@ class ActorBatch:
     loss_weight: float
 
 
-def scored_turns(episode: Episode) -> list[dict[str, Any]]:
-    """The turns of ``episode`` whose action was picked by scoring the admissible actions."""
-    return [s.turn for s in episode.steps if (s.turn or {}).get("method") == "score"]
+def scored_turns(episode: Episode) -> list[ScoredTurn]:
+    """The decisions of ``episode`` made by scoring the admissible actions."""
+    return [s.scored for s in episode.steps if s.scored is not None]
 
 
 def turn_samples(episodes: list[Episode], advantages: list[float], weighting: str = "episode",
@@ -56,7 +56,7 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
     if weighting not in TURN_WEIGHTINGS:
         raise ValueError(f"turn weighting must be one of {TURN_WEIGHTINGS}, got {weighting!r}")
     rng = rng or random.Random(0)
-    chosen: list[tuple[list[dict], float, int]] = []  # (kept turns, advantage, the episode's scored turns)
+    chosen: list[tuple[list[ScoredTurn], float, int]] = []  # (kept turns, advantage, the episode's scored turns)
     for ep, adv in zip(episodes, advantages, strict=True):
         turns = scored_turns(ep)
         if not turns:
@@ -73,12 +73,12 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
         for turn in kept:
             # PPO's old log-prob is the policy's own (so the ratio starts at 1); a turn sampled from another
             # behaviour (--explore mixes in uniform) is corrected by the importance weight policy / behaviour
-            weight = math.exp(turn["action_logprob"] - turn.get("behaviour_logprob", turn["action_logprob"]))
+            weight = math.exp(turn.action_logprob - turn.behaviour_logprob)
             samples.append(TurnSample(
-                prompt_ids=turn["prompt_token_ids"], advantage=adv * share * rows * weight,
-                old_logprobs=[turn["action_logprob"]],
-                candidate_ids=turn["candidate_token_ids"], chosen=turn["chosen"], temperature=turn["temperature"],
-                norm=turn["score_norm"], policy_version=int(turn.get("policy_version", 0)),
+                prompt_ids=turn.prompt_token_ids, advantage=adv * share * rows * weight,
+                old_logprobs=[turn.action_logprob],
+                candidate_ids=turn.candidate_token_ids, chosen=turn.chosen, temperature=turn.temperature,
+                norm=turn.score_norm, policy_version=int(turn.policy_version),
             ))
     # what that loss averages over: every episode given (a rank without scored turns weighs 0)
     counts = [len(scored_turns(ep)) for ep in episodes]
