@@ -56,7 +56,9 @@ SCHEMA_VERSION = "1.0"
 FILENAME = "trajectories.jsonl.gz"
 MODES = ("text", "full", "none")
 TEXT_CAP = 20_000
+# token arrays: text mode drops them, and the viewer ships their lengths only
 FULL_ONLY_TURN_FIELDS = ("prompt_token_ids", "token_ids", "logprobs", "candidate_token_ids", "calls")
+_CHUNK = 1 << 16  # bytes fed to the decompressor at a time when reading members
 
 _TOP_FIELDS = {"schema": str, "schema_version": str, "mode": str, "key": str, "env_id": str, "seed": int,
                "sample": int, "agent": str, "task": str, "summary": dict, "steps": list, "final_observation": str}
@@ -183,19 +185,27 @@ def encode_member(record: dict[str, Any]) -> bytes:
 def _read_members(path: Path) -> tuple[list[dict[str, Any]], int, bool]:
     """Records, the byte offset where the last complete member ends, and whether anything was torn."""
     data = path.read_bytes()
+    view = memoryview(data)
     records: list[dict[str, Any]] = []
     pos, good_end, torn = 0, 0, False
     while pos < len(data):
         d = zlib.decompressobj(wbits=31)  # one gzip member
+        # fed in chunks, so that reading n members copies O(n) bytes, not the whole rest of the file each
+        parts, fed = [], pos
         try:
-            text = d.decompress(data[pos:]) + d.flush()
+            while not d.eof and fed < len(data):
+                chunk = view[fed:fed + _CHUNK]
+                fed += len(chunk)
+                parts.append(d.decompress(chunk))
+            parts.append(d.flush())
         except zlib.error:
             torn = True
             break
         if not d.eof:
             torn = True
             break
-        pos = len(data) - len(d.unused_data)
+        text = b"".join(parts)
+        pos = fed - len(d.unused_data)
         for line in text.decode("utf-8", errors="replace").splitlines():
             if not line.strip():
                 continue

@@ -557,3 +557,31 @@ def test_distillations_run_concurrently_so_a_batching_backend_serves_them_togeth
     assert run(main(4)) == 4  # the default: four distillations in flight
     assert ManagerConfig().distil_workers == 4
     assert len(bank) == 16  # every distillation applied, none lost to the concurrency
+
+
+def test_the_call_log_reads_only_what_was_written_since_and_follows_cuts_and_replacements(tmp_path):
+    import os
+
+    from crl_agent.experience.calllog import CallLog, read_records
+
+    log = CallLog(tmp_path / "calls.jsonl")
+    log.write({"type": "call", "call_id": "a"})
+    assert [r["call_id"] for r in log.records()] == ["a"]
+    offset = log.offset()
+    log.write({"type": "call", "call_id": "b"})
+    with open(tmp_path / "calls.jsonl", "a", encoding="utf-8") as f:  # a line still being written: seen, not kept
+        f.write('{"type": "call", "call_id": "c"}')
+    assert [r["call_id"] for r in log.records()] == ["a", "b", "c"]
+    with open(tmp_path / "calls.jsonl", "a", encoding="utf-8") as f:
+        f.write("\n")
+    log.write({"type": "call", "call_id": "d"})
+    assert log.records() == read_records(tmp_path / "calls.jsonl")
+    assert [r["call_id"] for r in log.truncate(offset)] == ["b", "c", "d"]
+    assert [r["call_id"] for r in log.records()] == ["a"]
+    log.close()
+    (tmp_path / "new.jsonl").write_text('{"type": "call", "call_id": "z"}\n', encoding="utf-8")
+    os.replace(tmp_path / "new.jsonl", tmp_path / "calls.jsonl")  # replaced by a file of the same size
+    assert [r["call_id"] for r in log.records()] == ["z"]
+    with open(tmp_path / "calls.jsonl", "r+b") as f:  # cut short in place
+        f.truncate(10)
+    assert log.records() == []

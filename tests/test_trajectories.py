@@ -217,6 +217,21 @@ def test_resume_drops_a_trajectory_whose_episode_was_never_recorded(tmp_path):
     assert not torn and sorted(keys) == sorted(set(keys)) == sorted(EpisodeLog(tmp_path / "episodes.jsonl").latest())
 
 
+def test_members_larger_than_a_read_chunk_are_read_whole_and_a_torn_tail_is_found(tmp_path):
+    import gzip
+    import random
+
+    rng = random.Random(0)
+    big = "".join(rng.choice("abcdefghij") for _ in range(400_000))  # compresses to several 64 KiB chunks
+    rows = [{"key": "a", "text": "x"}, {"key": "b", "text": big}, {"key": "c", "text": "y"}]
+    path = tmp_path / trajectories.FILENAME
+    whole = b"".join(gzip.compress((json.dumps(r) + "\n").encode()) for r in rows)
+    path.write_bytes(whole + gzip.compress(b'{"key": "d"}\n')[:-7])  # the last member cut short
+    members, good_end, torn = trajectories._read_members(path)
+    assert [m["key"] for m in members] == ["a", "b", "c"] and members[1]["text"] == big
+    assert good_end == len(whole) and torn
+
+
 def test_a_schema_1_1_run_still_resumes_and_reports(tmp_path):
     args = ["--agent", "random", "--tasks", SOKOBAN, "--episodes", "2", "--max-steps", "5"]
     _run(tmp_path, *args, "--trajectories", "none")

@@ -28,6 +28,7 @@ it is neither retrained every step nor at full weight for ever on its ageing log
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -54,6 +55,11 @@ class CallLog:
         self._lock = threading.Lock()
         self._file = None
         self.memory: list[dict[str, Any]] = []
+        # what records() has read of the file: the records of its complete lines up to byte _read_end, so each
+        # call reads only what was written since
+        self._read: list[dict[str, Any]] = []
+        self._read_end = 0
+        self._read_file: tuple[int, int] | None = None  # the file read (device, inode)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             torn = self._ends_torn(self.path)
@@ -96,14 +102,25 @@ class CallLog:
                 self._file = None
 
     def records(self) -> list[dict[str, Any]]:
-        """Every record written so far (re-read from disk when file-backed)."""
+        """Every record written so far (file-backed: the lines written since the last call are read and
+        added to those read before)."""
         if self.path is None:
             with self._lock:
                 return list(self.memory)
         with self._lock:
             if self._file is not None:
                 self._file.flush()
-        return read_records(self.path)
+            with open(self.path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                if (stat.st_dev, stat.st_ino) != self._read_file or stat.st_size < self._read_end:
+                    self._read, self._read_end = [], 0  # replaced or cut by another hand: read it anew
+                    self._read_file = (stat.st_dev, stat.st_ino)
+                f.seek(self._read_end)
+                new = f.read()
+            whole = new.rfind(b"\n") + 1  # a last line without its newline may still be being written
+            self._read.extend(_parse(_lines(new[:whole])))
+            self._read_end += whole
+            return self._read + _parse(_lines(new[whole:]))
 
     def offset(self) -> int:
         """Where the log ends now: its size in bytes (its number of records when kept in memory)."""
@@ -137,6 +154,7 @@ class CallLog:
                 log.warning("%s does not end a record at byte %d (%d bytes): left uncut", self.path, offset, size)
                 return []
             os.truncate(self.path, offset)  # the append-mode handle writes at the new end
+            self._read, self._read_end = [], 0
         return _parse(tail.decode("utf-8", errors="replace").splitlines())
 
 
@@ -144,6 +162,11 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Records of a call log; torn or foreign lines are skipped."""
     with open(path, encoding="utf-8") as f:
         return _parse(f)
+
+
+def _lines(data: bytes) -> list[str]:
+    """``data``'s lines as a text-mode file iterates them (universal newlines)."""
+    return io.StringIO(data.decode("utf-8"), newline=None).readlines()
 
 
 def _parse(lines) -> list[dict[str, Any]]:

@@ -326,7 +326,6 @@ class PolicyLearner:
 
     def _forward(self, batch: list[TurnSample]) -> tuple[torch.Tensor, dict[str, float], list[float]]:
         """The micro-batch's loss (aggregated over its own rows), its ratio stats and action entropies."""
-        logps: list[torch.Tensor] = []
         entropies: list[float] = []
         scored = [s for s in batch if s.mode == "score"]
         generated = [s for s in batch if s.mode == "generate"]
@@ -359,7 +358,6 @@ class PolicyLearner:
         logps = [by_id[id(s)] for s in batch]
         width = max(len(x) for x in logps)
         device = logps[0].device
-        logp = torch.zeros(len(batch), width, device=device)
         old = torch.zeros(len(batch), width, device=device)
         mask = torch.zeros(len(batch), width, dtype=torch.bool, device=device)
         rows = []

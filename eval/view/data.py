@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from eval.report import agent_label, load_run
-from eval.trajectories import load_trajectories
+from eval.trajectories import FULL_ONLY_TURN_FIELDS, load_trajectories
 
 # Step fields the page shows in their own columns; the rest of a step's info is listed under "info".
 _SHOWN_INFO = {"admissible_actions", "valid_action", "success", "progress", "task"}
-# Full-mode token arrays are not shipped to the page (they are large); their lengths are.
-_TOKEN_FIELDS = ("prompt_token_ids", "token_ids", "logprobs", "candidate_token_ids", "calls")
 
 
 def num(x: Any) -> float | int | None:
@@ -60,7 +58,7 @@ def slug(name: str) -> str:
 def _turn(turn: Any) -> dict[str, Any] | None:
     if not isinstance(turn, dict):
         return None
-    out = {k: jsonable(v) for k, v in turn.items() if k not in _TOKEN_FIELDS}
+    out = {k: jsonable(v) for k, v in turn.items() if k not in FULL_ONLY_TURN_FIELDS}
     for k in ("prompt_token_ids", "token_ids"):
         if isinstance(turn.get(k), list):
             out[f"n_{k}"] = len(turn[k])
