@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import inspect
 import json
 import os
@@ -180,8 +181,12 @@ def make_agent(
         ValueError: when the user asked for an option the agent's constructor does not take.
     """
     cls = load_agent_class(name)
-    params = inspect.signature(cls).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    params = list(inspect.signature(cls).parameters)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(cls).parameters.values())
+    # an agent that groups its options in a dataclass (`options_class`) takes each field as a keyword too
+    options = getattr(cls, "options_class", None)
+    if dataclasses.is_dataclass(options):
+        params += [f.name for f in dataclasses.fields(options) if f.name not in params]
     kwargs = dict(kwargs or {})
     # Named flags (--experience, --bank, ...) must be real parameters: swallowed by **kwargs they would
     # reach an LLM backend and fail far from their cause. --agent-arg keys may go to **kwargs.

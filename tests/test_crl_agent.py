@@ -243,3 +243,24 @@ def test_a_rank_with_an_outbox_plays_from_a_bank_snapshot_and_rank_0_credits_and
     log = [json.loads(x) for x in (tmp_path / "rank0" / "run" / "extractor_calls.jsonl").read_text().splitlines()]
     outcome = next(r for r in log if r["type"] == "outcome")
     assert outcome["call_ids"] == ["call-0"] and outcome["outcome"] == -1.0
+
+
+def test_the_crl_options_come_as_one_dataclass_or_as_keywords_that_override_it(tmp_path):
+    from crl_agent.agents.crl import CRLOptions
+    from eval.run import make_agent
+
+    opts = CRLOptions(embedder="hash", k=2, bank=str(tmp_path / "bank"), critique="on")
+    agent = CRLAgent(llm=ScriptedLLM(Script()), options=opts, k=3)
+    try:
+        assert (agent.k, agent.critique, agent.embedder_spec, agent.bank_path) == (3, True, "hash", tmp_path / "bank")
+        assert opts.k == 2  # the caller's options are left as they were
+    finally:
+        asyncio.run(agent.aclose())
+    with pytest.raises(ValueError, match="experience must be 'on' or 'off'"):
+        CRLAgent(llm=ScriptedLLM(Script()), experience="maybe")
+    # eval.run's flags reach the options (--experience off: no bank is opened)
+    agent = make_agent("crl", 0, {"experience": "off", "llm": ScriptedLLM(Script())}, run_dir=tmp_path / "run")
+    try:
+        assert agent.experience == "off" and agent.bank is None
+    finally:
+        asyncio.run(agent.aclose())

@@ -34,7 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -207,21 +207,18 @@ class EpisodeCredit:
     trajectory: Trajectory | None
 
 
-class CRLAgent(LLMAgent):
-    """The ``llm`` agent with an experience bank, search-and-ask, and background distillation.
+@dataclass
+class CRLOptions:
+    """The ``crl`` agent's own options (the ``llm`` agent's go to :class:`~crl_agent.agents.llm.LLMAgent`).
 
-    Args:
-        seed, model, backend, temperature, top_p, max_tokens, history, history_tokens, llm,
-            **backend_kwargs: as for :class:`~crl_agent.agents.llm.LLMAgent`.
+    Attributes:
         experience: ``"on"`` or ``"off"`` (see the module docstring).
         bank: bank folder to persist and reuse.
         extractor_model: extractor model (default: share the actor's loaded model).
         extractor_backend: its backend (default: the actor's ``backend``).
-        extractor: an already built extractor backend (not closed here); overrides ``extractor_model``.
         extractor_adapter: a LoRA adapter folder for the extractor (e.g. ``<train run>/adapters/extractor``);
             the extractor then loads its own copy of ``extractor_model`` (default: the actor's model)
             with it, instead of sharing the actor's weights (and the actor's ``adapter``).
-        run_dir: the eval run directory (the harness passes it): default bank and call-log location.
         embedder: bank embedder spec (``"minilm"``, ``"hash"``, a sentence-transformers model).
         k: entries shown at the start of an episode.
         max_tool_calls: searches allowed per episode.
@@ -234,38 +231,63 @@ class CRLAgent(LLMAgent):
         manager_config: extra :class:`~crl_agent.experience.ManagerConfig` fields, e.g. ``{"merge_every": 10}``.
     """
 
+    experience: str = "on"
+    bank: str | None = None
+    extractor_model: str | None = None
+    extractor_backend: str | None = None
+    extractor_adapter: str | None = None
+    embedder: str = "minilm"
+    k: int = 4
+    max_tool_calls: int = 2
+    sync_experience: bool = False
+    critique: bool = False
+    learning: bool = True
+    manager_config: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.experience not in ("on", "off"):
+            raise ValueError(f"experience must be 'on' or 'off', got {self.experience!r}")
+        self.k = int(self.k)
+        self.sync_experience = _as_bool("sync_experience", self.sync_experience)
+        self.learning, self.critique = _as_bool("learning", self.learning), _as_bool("critique", self.critique)
+
+
+class CRLAgent(LLMAgent):
+    """The ``llm`` agent with an experience bank, search-and-ask, and background distillation.
+
+    Args:
+        seed, model, backend, temperature, top_p, max_tokens, history, history_tokens, llm,
+            **backend_kwargs: as for :class:`~crl_agent.agents.llm.LLMAgent`.
+        options: the crl agent's own options (:class:`CRLOptions`); each of its fields may also be passed
+            as a keyword (``experience="off"``, ``bank=...``: what ``eval.run``'s flags and ``--agent-arg``
+            do), which overrides it.
+        extractor: an already built extractor backend (not closed here); overrides ``extractor_model``.
+        run_dir: the eval run directory (the harness passes it): default bank and call-log location.
+    """
+
     name = "crl"
     policy_class = CRLPolicy
+    options_class = CRLOptions  # eval.run: its fields are constructor options too
 
     def __init__(
         self,
         seed: int = 0,
         model: str | None = None,
         backend: str = "transformers",
-        experience: str = "on",
-        bank: str | None = None,
-        extractor_model: str | None = None,
-        extractor_backend: str | None = None,
+        options: CRLOptions | None = None,
+        *,
         extractor: LLM | None = None,
-        extractor_adapter: str | None = None,
         run_dir: str | None = None,
-        embedder: str = "minilm",
-        k: int = 4,
-        max_tool_calls: int = 2,
-        sync_experience: bool = False,
-        manager_config: dict[str, Any] | None = None,
         llm: LLM | None = None,
-        learning: bool = True,
-        critique: bool = False,
         **kwargs: Any,
     ):
-        if experience not in ("on", "off"):
-            raise ValueError(f"experience must be 'on' or 'off', got {experience!r}")
-        self.experience, self.k = experience, int(k)
-        self.sync_experience = _as_bool("sync_experience", sync_experience)
-        self.learning, self.critique = _as_bool("learning", learning), _as_bool("critique", critique)
-        self.extractor_model, self.embedder_spec = extractor_model, embedder
-        self.extractor_adapter = extractor_adapter
+        own = {f.name for f in fields(CRLOptions)}
+        opts = replace(options or CRLOptions(), **{k: kwargs.pop(k) for k in list(kwargs) if k in own})
+        self.options = opts
+        self.experience, self.k = opts.experience, opts.k
+        self.sync_experience, self.learning, self.critique = opts.sync_experience, opts.learning, opts.critique
+        self.extractor_model, self.embedder_spec = opts.extractor_model, opts.embedder
+        self.extractor_adapter = opts.extractor_adapter
         self.bank: ExperienceBank | None = None
         self.manager: ExperienceManager | None = None
         self.extractor: LLM | None = None
@@ -277,23 +299,25 @@ class CRLAgent(LLMAgent):
         # a trainer's ranks other than 0 set a list here: finished episodes' credit and trajectories go
         # to it, and rank 0's agent takes them (`credit(..., remote=True)`), instead of this manager
         self.outbox: list[EpisodeCredit] | None = None
-        if experience == "on":
-            if bank is not None:
-                self.bank_path = Path(bank)
+        if opts.experience == "on":
+            if opts.bank is not None:
+                self.bank_path = Path(opts.bank)
             elif run_dir is not None:
                 self.bank_path = Path(run_dir) / "experience_bank"
             else:
                 self._temp_bank = tempfile.mkdtemp(prefix="crl-bank-")
                 self.bank_path = Path(self._temp_bank)
             # Opened before any model loads: a bank that is locked by another run or corrupt fails in seconds.
-            self.bank = ExperienceBank(self.bank_path, embedder=embedder)
+            self.bank = ExperienceBank(self.bank_path, embedder=opts.embedder)
         try:
-            super().__init__(seed=seed, model=model, backend=backend, max_tool_calls=max_tool_calls, llm=llm, **kwargs)
+            super().__init__(seed=seed, model=model, backend=backend, max_tool_calls=opts.max_tool_calls, llm=llm,
+                             **kwargs)
             if self.bank is not None:
-                if extractor is None and extractor_adapter is not None and extractor_model is None:
+                extractor_model = opts.extractor_model
+                if extractor is None and opts.extractor_adapter is not None and extractor_model is None:
                     extractor_model = model if model is not None else self.llm.config().get("model_path")
-                self._start_experience(extractor, extractor_model, extractor_backend, backend, kwargs, manager_config,
-                                       seed, run_dir)
+                self._start_experience(extractor, extractor_model, opts.extractor_backend, backend, kwargs,
+                                       opts.manager_config, seed, run_dir)
         except BaseException:
             self._release_bank()
             raise
