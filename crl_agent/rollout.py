@@ -7,16 +7,18 @@ anything with async ``reset``/``step``) with an agent's policy and returns an :c
   ``valid_action``, ``terminated``/``truncated``, success and progress, the JSON-safe rest of
   ``info``, and the policy's **turn trace** (what :meth:`Policy.turn_trace` returned after that
   action: for the ``llm``/``crl`` agents the messages as sent, the raw reply, token ids and
-  log-probs, scored candidates, experience shown, searches);
+  log-probs, scored candidates, experience shown, searches) and, for a scoring policy, its
+  :class:`~crl_agent.episode.ScoredTurn` (:meth:`Policy.scored_turn`: what a trainer learns from);
 - the final observation, and the summary the harness records in ``episodes.jsonl``.
+
+:func:`play` drives many episodes at once on an env pool (:func:`open_pool`), each on a free slot of
+its env id: ``eval.run`` and the trainer both play through it. The types (:class:`Episode`,
+:class:`Step`, :class:`EpisodeContext`) live in :mod:`crl_agent.episode` and are re-exported here.
 
 Any exception (agent bug, env crash, pool timeout) ends the episode as *errored*: the steps played
 so far are kept and ``error`` says what happened. Values that JSON cannot hold in ``info`` or in a
 turn trace are replaced by their ``repr`` with a warning naming the field, so a policy's odd trace
 never loses the episode. The agent's :meth:`Agent.on_episode_end` receives the whole episode.
-
-Episodes are keyed ``env_id#seed#sample``: ``sample`` numbers the rollouts of one seed (GRPO
-groups, pass@k evaluation).
 """
 
 from __future__ import annotations

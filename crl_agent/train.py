@@ -613,7 +613,7 @@ def build(cfg: TrainConfig, out: Path, dist=None) -> RunSetup:
         path = str(resolve_model_path(cfg.model)[0])
         # under torchrun each rank runs an independent single-GPU engine on its own GPU (vLLM's own data
         # parallelism keeps its ranks in lockstep inside every generate call, which ranks that generate at
-        # different moments would deadlock on; untested on hardware: no GPU was lent while it was written)
+        # different moments would deadlock on; not yet run on several GPUs)
         ranks = {"gpu": dist.local_rank} if many and cfg.device.startswith("cuda") else {}
         if cfg.dtype:
             dtype = cfg.dtype
@@ -1097,7 +1097,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         flags = ["--" + f.name.replace("_", "-")]
         if f.name == "tasks":
-            flags.append("--env")  # the one-task spelling of earlier versions
+            flags.append("--env")  # kept so commands written for one task still run
         kind = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}[str(f.type)]
         p.add_argument(*flags, dest=f.name, type=kind, default=f.default, help=HELP.get(f.name, f"default: {f.default}"))
     return p
