@@ -12,8 +12,11 @@ Reported per mode, as ``crl_agent.train`` counts them: valid operations (what :f
 returns) and errors (what it reports), the valid-operation rate ``valid / (valid + errors)``, the share of
 replies that are strict JSON, and the time and tokens per call (one call at a time, the two modes
 taking turns to go first, the prefix cache emptied before each call so both pay the same prefill).
+``ms_per_token`` is a call's whole time, prefill included, over its generated tokens: shorter
+constrained replies spread the same prefill over fewer tokens, so it is not the mask's cost (under
+1 ms a token, against tens of ms for a decoding step).
 
-Run: ``python benchmarks/extractor_schema.py`` (about 10 minutes on 2 busy cores); writes
+Run: ``python benchmarks/extractor_schema.py`` (about 40 minutes on 2 busy cores); writes
 ``benchmarks/results/extractor_schema.json``.
 """
 
