@@ -8,6 +8,9 @@ instead of handing the agent something else, and private methods cannot be calle
 
 from __future__ import annotations
 
+import pickle
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -83,3 +86,35 @@ class EnvHost:
                 env.close()
             except Exception:  # noqa: BLE001, S110 - best effort at exit
                 pass
+
+
+def answer(host: Any, slot: int, method: str, args: tuple, kwargs: dict[str, Any] | None) -> tuple[bool, bytes]:
+    """Serve one call through ``host.call`` (an :class:`EnvHost`, or a Ray actor body that wraps one) where the
+    env lives: ``(True, pickled result)`` or
+    ``(False, pickled (type, message, traceback))``. The result is pickled on its own, so a result that
+    cannot be sent fails only its own call."""
+    try:
+        result = host.call(slot, method, args, kwargs)
+    except BaseException as e:  # noqa: BLE001 - the pool reports it as the call's EnvError
+        return False, pickle.dumps((type(e).__name__, str(e), traceback.format_exc(limit=5)))
+    try:
+        return True, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - e.g. a lock or an open file in info
+        return False, pickle.dumps((type(e).__name__, f"the result of {method} cannot be pickled to send it to "
+                                    f"the pool ({e}); return plain Python objects", ""))
+
+
+def settle(done: Any, ok: bool, payload: bytes, method: str, error: Callable[[str], Exception]) -> None:
+    """Resolve a call's future (in the pool's process) with what :func:`answer` sent; ``error(detail)``
+    makes the call's ``EnvError`` of cause ``exception``."""
+    if done.done():  # its caller gave up
+        return
+    if not ok:
+        name, msg, tb = pickle.loads(payload)  # noqa: S301 - our own host's error
+        done.set_exception(error(f"{name}: {msg}\n{tb}".strip()))
+        return
+    try:
+        done.set_result(pickle.loads(payload))  # noqa: S301 - our own host's answer
+    except Exception as e:  # noqa: BLE001 - e.g. a class only the host can import
+        done.set_exception(error(f"the result of {method} cannot be unpickled in the pool's process "
+                                 f"({type(e).__name__}: {e}); return plain Python objects"))

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crl_envs.pool.base import EnvError
+from crl_envs.pool.host import settle
 from crl_envs.pool.pipes import EXIT, OK, FrameReader, RequestWriter, describe_exit, dumps, reply_reader
 from crl_envs.pool.slots import SlotFront, SlotTable, parse_envs
 from crl_envs.pool.worker import worker_main
@@ -165,18 +166,8 @@ class ProcessPool(SlotFront):
             for queued in w.pending.values():  # the worker serves in order: the next call starts now
                 self._arm(w, queued)
                 break
-            if call.done.done():
-                continue
-            if kind == OK:
-                try:
-                    call.done.set_result(pickle.loads(data))  # noqa: S301 - our own worker's reply
-                except Exception as e:  # noqa: BLE001 - e.g. a class only the worker can import
-                    call.done.set_exception(self._error(
-                        call.slot, "exception", f"the result of {call.method} cannot be unpickled in the pool's "
-                        f"process ({type(e).__name__}: {e}); return plain Python objects"))
-            else:
-                name, msg, tb = pickle.loads(data)  # noqa: S301 - our own worker's error
-                call.done.set_exception(self._error(call.slot, "exception", f"{name}: {msg}\n{tb}".strip()))
+            settle(call.done, kind == OK, data, call.method,
+                   lambda detail, slot=call.slot: self._error(slot, "exception", detail))
         if w.reader.eof:
             w.process.join(timeout=1)
             self._restart(w, "crash", describe_exit(w.process))

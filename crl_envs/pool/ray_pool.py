@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pickle
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
 from crl_envs.pool.base import EnvError
+from crl_envs.pool.host import settle
 from crl_envs.pool.slots import SlotFront, SlotTable, parse_envs
 
 
@@ -78,24 +77,11 @@ class _ActorBody:
             raise AttributeError("make cannot be called through the pool")
         return self.host.call(slot, method, args, kwargs)
 
-    def call_many(self, calls: list[tuple[int, str, tuple, dict[str, Any] | None]]) -> list[tuple[bool, Any]]:
-        """Serve ``calls`` in order; each answer is ``(True, pickled result)`` or ``(False, (type, message))``.
+    def call_many(self, calls: list[tuple[int, str, tuple, dict[str, Any] | None]]) -> list[tuple[bool, bytes]]:
+        """Serve ``calls`` in order through :meth:`call`, each answered as :func:`crl_envs.pool.host.answer` does."""
+        from crl_envs.pool.host import answer
 
-        Results are pickled one by one, so a result that cannot be sent fails only its own call.
-        """
-        out = []
-        for slot, method, args, kwargs in calls:
-            try:
-                result = self.call(slot, method, args, kwargs)
-            except BaseException as e:  # noqa: BLE001 - the pool reports it as the call's EnvError
-                out.append((False, (type(e).__name__, f"{e}\n{traceback.format_exc(limit=5)}".strip())))
-                continue
-            try:
-                out.append((True, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)))
-            except Exception as e:  # noqa: BLE001 - e.g. a lock or an open file in info
-                out.append((False, (type(e).__name__, f"the result of {method} cannot be pickled to send it to "
-                                                      f"the pool ({e}); return plain Python objects")))
-        return out
+        return [answer(self, *c) for c in calls]
 
     def pid(self) -> int:
         return os.getpid()
@@ -287,17 +273,7 @@ class RayEnvPool(SlotFront):
                                                           f"{type(e).__name__}: {e}"))
             return
         for c, (ok, data) in zip(calls, answers, strict=True):
-            if c.done.done():
-                continue
-            if not ok:
-                c.done.set_exception(self._error(c.slot, "exception", f"{data[0]}: {data[1]}"))
-                continue
-            try:
-                c.done.set_result(pickle.loads(data))  # noqa: S301 - our own actor's answer
-            except Exception as e:  # noqa: BLE001 - e.g. a class only the actor can import
-                c.done.set_exception(self._error(c.slot, "exception", f"the result of {c.method} cannot be unpickled "
-                                                 f"in the pool's process ({type(e).__name__}: {e}); return plain "
-                                                 "Python objects"))
+            settle(c.done, ok, data, c.method, lambda detail, slot=c.slot: self._error(slot, "exception", detail))
 
     def _lose_batch(self, w: int, actor: Any, calls: list[_Call], cause: str, detail: str) -> None:
         """The batch's actor hung or died: fail its calls and replace the actor (once, if it still serves ``w``)."""

@@ -19,10 +19,9 @@ import os
 import signal
 import threading
 import time
-import traceback
 from multiprocessing.connection import Connection
 
-from crl_envs.pool.host import EnvHost
+from crl_envs.pool.host import EnvHost, answer
 from crl_envs.pool.pipes import ERROR, EXIT, OK, RequestReader, dumps, write_reply
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -73,18 +72,9 @@ def worker_main(requests: Connection, conn: Connection, max_rss_mb: float | None
             if msg is None:
                 break
             req_id, slot, method, args, kwargs = msg
+            ok, payload = answer(host, slot, method, args, kwargs)
             try:
-                result = host.call(slot, method, args, kwargs)
-            except BaseException as e:  # noqa: BLE001 - the parent reports it as an EnvError
-                kind, payload = ERROR, dumps((type(e).__name__, str(e), traceback.format_exc(limit=5)))
-            else:
-                try:
-                    kind, payload = OK, dumps(result)
-                except Exception as e:  # noqa: BLE001 - e.g. a lock or an open file in info
-                    kind, payload = ERROR, dumps((type(e).__name__, f"the result of {method} cannot be pickled to "
-                                                  f"send it to the pool ({e}); return plain Python objects", ""))
-            try:
-                write_reply(out, req_id, kind, payload)
+                write_reply(out, req_id, OK if ok else ERROR, payload)
             except OSError:
                 break
             if max_rss_mb is not None and (rss := rss_mb()) > max_rss_mb:
