@@ -83,6 +83,27 @@ def test_merge_replies_parse_and_never_discard_the_whole_cluster(llm):
         assert len(decision.discard_ids) < 2
 
 
+def test_title_and_content_patterns_hold_in_every_distil_and_merge_reply(llm):
+    import re
+
+    title, content = r"^Rule [A-Z]$", r"^If [a-z]+, then [a-z]+\.$"
+    distil = ex.distil_schema({3, 8}, title, content)
+    merge = ex.merge_schema([3, 8], title, content)
+    seen = 0
+    for seed in range(3):
+        c = _chat(llm, ex.distil_messages(TRAJ, 1000, example=False), max_tokens=240, temperature=1.0, seed=seed,
+                  json_schema=distil)
+        ops, errors = ex.parse_distil(c.text, {3, 8})
+        m = _chat(llm, ex.merge_messages("crl/X-v0", SHOWN), max_tokens=240, temperature=1.0, seed=seed,
+                  json_schema=merge)
+        decision, merge_errors = ex.parse_merge(m.text, [3, 8])
+        assert not errors and not merge_errors, (c.text, m.text)
+        for entry in [op.entry for op in ops if op.entry] + decision.entries:
+            assert re.fullmatch(title, entry.title) and re.fullmatch(content, entry.content), entry
+            seen += 1
+    assert seen  # the random model wrote entries, and each one matches
+
+
 def test_no_update_op_is_offered_when_no_entry_was_shown():
     schema = ex.distil_schema(set())
     ops = schema["properties"]["operations"]["items"]["anyOf"]

@@ -234,14 +234,22 @@ def answer_messages(task: str, question: str, entries: list[ExperienceEntry]) ->
 
 
 # ---------------------------------------------------------------------------- schemas
-# Strings in schema-constrained replies: one line that starts with a visible character (the parsers
-# drop blank titles and contents), short enough that MAX_OPS operations fit a 512-token reply.
+# Strings in schema-constrained replies: by default one line that starts with a visible character (the
+# parsers drop blank titles and contents), short enough that MAX_OPS operations fit a 512-token reply.
 SCHEMA_TITLE_CHARS = 80
 SCHEMA_CONTENT_CHARS = 300
 
 
-def _text(max_chars: int) -> dict[str, Any]:
-    return {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": r"^\S.*$"}
+# the default pattern of both: one line that starts with a visible character
+LINE_PATTERN = r"^\S.*$"
+
+
+def _text(max_chars: int, pattern: str = LINE_PATTERN) -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": pattern}
+
+
+def _entry(title_pattern: str, content_pattern: str) -> dict[str, Any]:
+    return {"title": _text(SCHEMA_TITLE_CHARS, title_pattern), "content": _text(SCHEMA_CONTENT_CHARS, content_pattern)}
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
@@ -252,11 +260,14 @@ def _id_list(ids: list[int], max_items: int) -> dict[str, Any]:
     return {"type": "array", "items": {"enum": ids}, "minItems": 1, "maxItems": max_items}
 
 
-def distil_schema(valid_ids: set[int] | list[int]) -> dict[str, Any]:
+def distil_schema(valid_ids: set[int] | list[int], title_pattern: str = LINE_PATTERN,
+                  content_pattern: str = LINE_PATTERN) -> dict[str, Any]:
     """The JSON Schema of a distil reply: the shape :data:`DISTIL_SYSTEM` shows and :func:`parse_distil`
-    reads, ``update`` only when entries were shown and only with their ids as targets."""
+    reads, ``update`` only when entries were shown and only with their ids as targets. An entry's title
+    and content match ``title_pattern`` and ``content_pattern`` (regular expressions; e.g.
+    ``r"^If .+, then .+$"`` holds contents to the if-then rule the prompt asks for)."""
     ids = sorted({int(i) for i in valid_ids})
-    entry = {"title": _text(SCHEMA_TITLE_CHARS), "content": _text(SCHEMA_CONTENT_CHARS)}
+    entry = _entry(title_pattern, content_pattern)
     ops = [_object({"op": {"const": "add"}, **entry})]
     if ids:
         ops.append(_object({"op": {"const": "update"}, "target_ids": _id_list(ids, len(ids)), **entry}))
@@ -265,11 +276,13 @@ def distil_schema(valid_ids: set[int] | list[int]) -> dict[str, Any]:
     return {"title": "distil_operations", **_object({"operations": operations})}
 
 
-def merge_schema(cluster_ids: list[int]) -> dict[str, Any]:
+def merge_schema(cluster_ids: list[int], title_pattern: str = LINE_PATTERN,
+                 content_pattern: str = LINE_PATTERN) -> dict[str, Any]:
     """The JSON Schema of a merge reply (:data:`MERGE_SYSTEM`, :func:`parse_merge`): ``REWRITE`` into at
-    most as many entries as the cluster holds, ``DISCARD`` of cluster ids only and never all of them."""
+    most as many entries as the cluster holds, ``DISCARD`` of cluster ids only and never all of them;
+    entries as in :func:`distil_schema`."""
     ids = sorted({int(i) for i in cluster_ids})
-    entry = {"title": _text(SCHEMA_TITLE_CHARS), "content": _text(SCHEMA_CONTENT_CHARS)}
+    entry = _entry(title_pattern, content_pattern)
     rewrite = {"type": "array", "items": _object(entry), "minItems": 1, "maxItems": max(1, len(ids))}
     decisions = [_object({"op": {"const": "MERGE"}, **entry}), _object({"op": {"const": "REWRITE"}, "entries": rewrite})]
     if len(ids) > 1:

@@ -66,7 +66,13 @@ class ManagerConfig:
             (:func:`~crl_agent.experience.extractor.distil_schema`, ``SamplingParams.json_schema``), so a
             backend that honours it (transformers, vllm, an openai server with ``response_format``) writes
             operations that parse by construction; False leaves the replies free and the lenient parser alone.
+        title_pattern, content_pattern: regular expressions that every entry's title and content match in
+            constrained replies (default: one line starting with a visible character). E.g.
+            ``content_pattern=r"^If .+, then .+$"`` holds a small extractor to the if-then rules the prompt
+            asks for; a pattern the backend cannot compile fails the call (logged as an extractor error).
         max_trajectory_chars: trajectory text budget in the distil prompt.
+        distil_example: open the distil prompt with one worked exchange (it helps a small extractor write
+            the format unconstrained; with ``constrained`` it only lengthens the prompt, by ~1,100 characters).
     """
 
     k: int = 4
@@ -85,6 +91,9 @@ class ManagerConfig:
     answer_params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=160, temperature=0.3))
     max_trajectory_chars: int = 8000
     constrained: bool = True
+    distil_example: bool = True
+    title_pattern: str = ex.LINE_PATTERN
+    content_pattern: str = ex.LINE_PATTERN
 
 
 @dataclass
@@ -346,9 +355,10 @@ class ExperienceManager:
         """Run the extractor on one trajectory and apply its operations; returns the applied ops."""
         if self.extractor is None:
             raise RuntimeError("no extractor: pass an LLM to ExperienceManager to distil trajectories")
-        messages = ex.distil_messages(traj, self.config.max_trajectory_chars)
+        messages = ex.distil_messages(traj, self.config.max_trajectory_chars, self.config.distil_example)
         valid_ids = {e.id for e in traj.retrieved}
-        params = self._with_schema(self.config.distil_params, ex.distil_schema(valid_ids))
+        schema = ex.distil_schema(valid_ids, self.config.title_pattern, self.config.content_pattern)
+        params = self._with_schema(self.config.distil_params, schema)
         completion = await self.extractor.chat(messages, params)
         ops, errors = ex.parse_distil(completion.text, valid_ids)
         call_id = self._new_call_id()
@@ -427,7 +437,8 @@ class ExperienceManager:
         assert self.extractor is not None
         messages = ex.merge_messages(task, cluster)
         try:
-            params = self._with_schema(self.config.merge_params, ex.merge_schema([e.id for e in cluster]))
+            schema = ex.merge_schema([e.id for e in cluster], self.config.title_pattern, self.config.content_pattern)
+            params = self._with_schema(self.config.merge_params, schema)
             completion = await self.extractor.chat(messages, params)
         except Exception as e:  # noqa: BLE001
             self.stats["extractor_errors"] += 1
