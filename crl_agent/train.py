@@ -130,6 +130,8 @@ class TrainConfig:
     extractor_warmup: int = 5  # steps before the extractor trains
     extractor_async: int = 1  # 1: the extractor update runs beside the step's rollouts; 0: before them
     cooldown: int = 1  # count-aware reweighting: entries trained within this many steps get weight 0
+    credit_no_ops: int = 0  # 1: a distillation that wrote nothing earns the mean outcome of the episodes played
+    # without experience after it (ManagerConfig.credit_no_ops); 0: never rewarded, as the paper
     embedder: str = "minilm"
     distil_max_tokens: int = 512  # extractor reply cap per distillation (CPU runs: smaller is much faster)
     distil_chars: int = 8000  # trajectory text budget in the distillation prompt
@@ -751,7 +753,8 @@ def manager_settings(cfg: TrainConfig) -> dict[str, Any]:
     every-N-distillations schedule, so the bank never changes under a rollout.
     """
     return {"distil_params": {"max_tokens": cfg.distil_max_tokens, "temperature": 0.7},
-            "max_trajectory_chars": cfg.distil_chars, "distil_workers": cfg.distil_workers, "merge_every": 0}
+            "max_trajectory_chars": cfg.distil_chars, "distil_workers": cfg.distil_workers, "merge_every": 0,
+            "credit_no_ops": bool(cfg.credit_no_ops)}
 
 
 async def open_env_pool(cfg: TrainConfig):

@@ -585,3 +585,37 @@ def test_the_call_log_reads_only_what_was_written_since_and_follows_cuts_and_rep
     with open(tmp_path / "calls.jsonl", "r+b") as f:  # cut short in place
         f.truncate(10)
     assert log.records() == []
+
+
+def test_credit_no_ops_rewards_a_call_that_wrote_nothing_with_the_blind_episodes_after_it():
+    from crl_agent.experience.calllog import NO_OP_WINDOW, fold_samples
+
+    def call(cid, entries):
+        return {"type": "call", "call_id": cid, "kind": "distil", "messages": [], "entries": entries}
+
+    def blind(key, won):
+        return {"type": "outcome", "episode": key, "outcome": 1.0 if won else -1.0, "call_ids": [], "blind": True}
+
+    records = [blind("e0", True), call("none", []), call("wrote", [7]), blind("e1", False), blind("e2", True),
+               blind("e2", True), blind("e3", False), {"type": "outcome", "episode": "e4", "outcome": 1.0,
+                                                       "call_ids": ["wrote"], "entries": [7]}]
+    by_id = {s.call_id: s for s in fold_samples(records, no_op_reward=True)}
+    # after it: e1 -1, e2 +1 (logged twice, counts once), e3 -1; e0 came before it
+    assert by_id["none"].reward == pytest.approx(-1 / 3) and by_id["none"].episodes == 3
+    assert by_id["wrote"].reward == 1.0  # a call with entries keeps the paper's meta-reward
+    assert {s.call_id: s.reward for s in fold_samples(records)}["none"] is None  # off: never rewarded
+    many = [call("none", [])] + [blind(f"b{i}", i >= NO_OP_WINDOW) for i in range(NO_OP_WINDOW + 10)]
+    assert fold_samples(many, no_op_reward=True)[0].reward == -1.0  # only the next NO_OP_WINDOW count
+
+
+def test_manager_logs_blind_outcomes_only_with_credit_no_ops(tmp_path):
+    from crl_agent.experience.calllog import read_records
+
+    for flag in (False, True):
+        bank = ExperienceBank(tmp_path / f"bank{flag}", embedder="hash")
+        m = ExperienceManager(bank, None, ManagerConfig(credit_no_ops=flag), log_path=tmp_path / f"calls{flag}.jsonl")
+        m.record_outcome("ep#0", [], True)
+        m.calls.close()
+        bank.close()
+        recs = read_records(tmp_path / f"calls{flag}.jsonl") if (tmp_path / f"calls{flag}.jsonl").exists() else []
+        assert [r.get("blind") for r in recs] == ([True] if flag else [])

@@ -23,11 +23,15 @@ episodes of unseen seeds into a fresh bank (sampling as in training), and the ac
 with each call's entries. A tiny model learns the code of the vault as a constant; reading it from the
 transcript (what a real LLM extractor would do) is beyond it, and this test does not claim that.
 
-Measured across the tiny model's seeds 0-4 (this setting, 12 steps, lr 1e-2): seeds 0, 2 and 3 learn the
-code (held-out useful-entry rate 0.69-1.0, actor success with experience 0.78-1.0, from 0.09-0.13 and
-0.13-0.22); seeds 1 and 4 learn to write *nothing* (wrong codes 0.0, the code 0.06-0.16): a call that
-writes no entry guides no episode, so the meta-reward never reaches it, and writing nothing escapes the
--1 of a wrong entry. That attractor is the meta-reward's, not the test's; the test runs seed 0.
+Measured (held-out useful-entry rate after 12 steps, lr 1e-2; the untrained extractor's is 0.09-0.13 on
+every seed), by the tiny model's seed:
+
+- the paper's meta-reward: seed 0 learns the code (the first case below); seeds 1 and 4 learn only half
+  way (0.47, 0.41) and stop writing wrong codes by writing *nothing*: a call that writes no entry guides no
+  episode, so the meta-reward never reaches it, and writing nothing escapes the -1 of a wrong entry.
+- with ``credit_no_ops`` (a call that wrote nothing earns what the actor does without experience): seeds
+  1, 2 and 4 learn it (0.97, 1.0, 0.97; the actor then wins 0.94-1.0 of held-out episodes), seed 3
+  still collapses to writing nothing (0.03). The second case runs seed 1, where the paper's rule fails.
 """
 
 from __future__ import annotations
@@ -125,9 +129,9 @@ def episode(colour: str, seed: int, entries: list[ExperienceEntry], rng: random.
                          final_observation=final)
 
 
-def manager_config() -> ManagerConfig:
+def manager_config(credit_no_ops: bool = False) -> ManagerConfig:
     return ManagerConfig(
-        k=1, merge_every=0, distil_workers=8, distil_example=False, max_trajectory_chars=600,
+        k=1, merge_every=0, credit_no_ops=credit_no_ops, distil_workers=8, distil_example=False, max_trajectory_chars=600,
         title_pattern=r"^code$", content_pattern=r"^press [1-4]$",
         distil_params=SamplingParams(max_tokens=200, temperature=0.7),
         # every new entry is shown before any is shown again, so each call's entries earn a meta-reward
@@ -158,17 +162,19 @@ async def evaluate(llm, folder, colour: str, seeds: range, rng: random.Random) -
     return {"useful": useful / n, "wrong": wrong / n, "with_experience": wins / n, "malformed": manager.stats["malformed"]}
 
 
-async def train(llm, learner, folder, colour: str, steps: int, rng: random.Random) -> list[float]:
-    """``steps`` steps of 16 episodes: each is shown an entry of the bank (once there are any), its outcome
-    credits the call that wrote it, and it is distilled; then, with a learner (crl), one CISPO step on the 16
-    latest calls that have a meta-reward. Returns the mean meta-reward of each step's batch."""
+async def train(llm, learner, folder, colour: str, steps: int, rng: random.Random,
+                credit_no_ops: bool = False) -> list[float]:
+    """``steps`` steps of 16 episodes, split as crl mode splits a group: 8 are shown an entry of the bank
+    (once there are any) and their outcomes credit the calls that wrote them, 8 play without experience;
+    every one is distilled. Then, with a learner (crl), one CISPO step on the 16 latest calls that have a
+    meta-reward. Returns the mean meta-reward of each step's batch."""
     bank = ExperienceBank(folder, embedder="hash")
-    manager = ExperienceManager(bank, llm, manager_config(), log_path=folder / "extractor_calls.jsonl")
+    manager = ExperienceManager(bank, llm, manager_config(credit_no_ops), log_path=folder / "extractor_calls.jsonl")
     sync, goal, rewards = SharedWeights(llm), f"Open the {colour} vault.", []
     task = VaultEnv(colour).task_id
     for step in range(steps):
         for i in range(16):
-            shown = await manager.search(goal, task=task)
+            shown = await manager.search(goal, task=task) if i < 8 else []
             traj = episode(colour, 1000 * step + i, shown, rng)
             manager.record_outcome(traj.id, shown, traj.success)
             manager.submit(traj)
@@ -189,14 +195,17 @@ async def train(llm, learner, folder, colour: str, steps: int, rng: random.Rando
 
 
 @pytest.fixture
-def extractor(tmp_path, one_thread):
-    path = build_tiny_chat_model(tmp_path / "tiny", seed=0, max_context=4096)
+def extractor(request, tmp_path, one_thread):
+    path = build_tiny_chat_model(tmp_path / "tiny", seed=getattr(request, "param", 0), max_context=4096)
     llm = TransformersLLM(str(path), dtype="float32", max_batch_size=16, seed=0)
     yield llm
     asyncio.run(llm.aclose())
 
 
-def test_cispo_with_the_meta_reward_teaches_the_extractor_the_entry_that_wins_and_static_does_not(extractor, tmp_path):
+@pytest.mark.parametrize(("extractor", "credit_no_ops"), [(0, False), (1, True)],
+                         indirect=["extractor"], ids=["paper-rule-seed0", "credit-no-ops-seed1"])
+def test_cispo_with_the_meta_reward_teaches_the_extractor_the_entry_that_wins_and_static_does_not(
+        extractor, credit_no_ops, tmp_path):
     colour, held_out = "red", range(50_000, 50_032)
 
     async def run():
@@ -206,7 +215,7 @@ def test_cispo_with_the_meta_reward_teaches_the_extractor_the_entry_that_wins_an
         assert all(torch.equal(a, b) for a, b in zip(weights, extractor.model.parameters(), strict=True))
         static = await evaluate(extractor, tmp_path / "eval1", colour, held_out, random.Random(1))
         learner = PolicyLearner(extractor.model, lr=1e-2, loss="cispo")
-        rewards = await train(extractor, learner, tmp_path / "crl", colour, 12, random.Random(3))
+        rewards = await train(extractor, learner, tmp_path / "crl", colour, 12, random.Random(3), credit_no_ops)
         after = await evaluate(extractor, tmp_path / "eval2", colour, held_out, random.Random(1))
         return before, static, after, rewards, learner.version
 

@@ -24,6 +24,11 @@ that are still in the bank of ``w = 0`` if the entry was trained within ``cooldo
 deleted, a call that wrote nothing) takes the same rule with its own counts, from the ``trained``
 records: ``0`` within ``cooldown`` steps of its last training, else ``(1 + times trained) ** -0.5``, so
 it is neither retrained every step nor at full weight for ever on its ageing log-probs.
+
+With ``ManagerConfig.credit_no_ops`` (off by default, as in the paper) episodes that nothing guided are
+logged too (``"blind": true`` outcome records, no call ids), and a distillation that wrote nothing is
+rewarded with the mean outcome of the next ``NO_OP_WINDOW`` of them: writing nothing is worth what the
+actor does without experience.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from crl_agent.experience.bank import ExperienceBank, ExperienceEntry
 from crl_agent.rl.credit import count_aware_weight, meta_reward
 
 log = logging.getLogger(__name__)
+
+NO_OP_WINDOW = 64  # blind episodes after a call that wrote nothing whose mean outcome is its reward
 
 
 class CallLog:
@@ -221,14 +228,20 @@ def entry_weight(entry: ExperienceEntry, step: int, cooldown: int = 1) -> float:
 
 
 def fold_samples(
-    records: list[dict[str, Any]], bank: ExperienceBank | None = None, step: int = 0, cooldown: int = 1
+    records: list[dict[str, Any]], bank: ExperienceBank | None = None, step: int = 0, cooldown: int = 1,
+    no_op_reward: bool = False,
 ) -> list[ExtractorSample]:
     """Turn call-log records into samples with meta-rewards and count-aware weights (see the module
-    docstring; ``bank=None``: every call weighs by its own training counts)."""
+    docstring; ``bank=None``: every call weighs by its own training counts). ``no_op_reward``: a distil
+    call that wrote no entry is rewarded with the mean outcome of the next :data:`NO_OP_WINDOW` blind
+    episodes (``"blind"`` outcome records: nothing guided them) logged after it."""
     outcomes: dict[str, dict[str, float]] = {}  # call id -> episode key -> its outcome (the last credited)
     trained: dict[str, tuple[int, int]] = {}  # call id -> (times trained, the last step)
+    blind: list[tuple[int, str, float]] = []  # (record index, episode key, outcome) of unguided episodes
     for n, rec in enumerate(records):
-        if rec["type"] == "outcome":
+        if rec["type"] == "outcome" and rec.get("blind"):
+            blind.append((n, str(rec.get("episode") or f"#record{n}"), float(rec["outcome"])))
+        elif rec["type"] == "outcome":
             episode = str(rec.get("episode") or f"#record{n}")
             for cid in set(rec.get("call_ids", ())):
                 outcomes.setdefault(cid, {})[episode] = float(rec["outcome"])
@@ -237,11 +250,14 @@ def fold_samples(
                 count, last = trained.get(cid, (0, -1))
                 trained[cid] = (count + 1, max(last, int(rec["step"])))
     samples = []
-    for rec in records:
+    for n, rec in enumerate(records):
         if rec["type"] != "call":
             continue
         got = list(outcomes.get(rec["call_id"], {}).values())
         entries = [int(i) for i in rec.get("entries", [])]
+        if no_op_reward and rec["kind"] == "distil" and not entries and not got:
+            after = [(key, o) for i, key, o in blind if i > n]
+            got = list(dict(after[:NO_OP_WINDOW]).values())  # an episode logged twice counts once
         live = []
         if bank is not None and rec["kind"] != "answer":
             live = [e for e in bank.get_many(entries) if e.origin == rec["call_id"]]

@@ -70,6 +70,11 @@ class ManagerConfig:
             constrained replies (default: one line starting with a visible character). E.g.
             ``content_pattern=r"^If .+, then .+$"`` holds a small extractor to the if-then rules the prompt
             asks for; a pattern the backend cannot compile fails the call (logged as an extractor error).
+        credit_no_ops: a distillation that wrote no entry earns, as its meta-reward, the mean outcome (±1) of
+            the episodes played without experience that ended after it (the next ``NO_OP_WINDOW``): writing
+            nothing is worth what the actor does alone. Off (the paper's rule), such a call guides no episode
+            and is never trained, so an extractor punished for wrong entries can learn to write none at all
+            (tests/test_extractor_mechanism.py shows it on 2 of 5 tiny-model seeds).
         max_trajectory_chars: trajectory text budget in the distil prompt.
         distil_example: open the distil prompt with one worked exchange (it helps a small extractor write
             the format unconstrained; with ``constrained`` it only lengthens the prompt, by ~1,100 characters).
@@ -92,6 +97,7 @@ class ManagerConfig:
     max_trajectory_chars: int = 8000
     constrained: bool = True
     distil_example: bool = True
+    credit_no_ops: bool = False
     title_pattern: str = ex.LINE_PATTERN
     content_pattern: str = ex.LINE_PATTERN
 
@@ -499,10 +505,14 @@ class ExperienceManager:
     def record_outcome(
         self, episode: str, entries: list[ExperienceEntry], success: bool, call_ids: list[str] = ()
     ) -> None:
-        """An episode guided by ``entries`` (and answers from ``call_ids``) ended: credit their calls (±1)."""
+        """An episode guided by ``entries`` (and answers from ``call_ids``) ended: credit their calls (±1).
+        With ``credit_no_ops``, an episode that nothing guided is logged too, as a blind outcome."""
         origins = [e.origin for e in entries if e.origin]
         credited = list(dict.fromkeys([*origins, *call_ids]))
         if not credited:
+            if self.config.credit_no_ops:
+                self.calls.write({"type": "outcome", "episode": episode, "outcome": 1.0 if success else -1.0,
+                                  "call_ids": [], "entries": [], "blind": True, "time": time.time()})
             return
         self.calls.write(
             {
@@ -513,12 +523,13 @@ class ExperienceManager:
 
     def training_samples(self, step: int, cooldown: int = 1) -> list[ExtractorSample]:
         """Extractor calls with meta-rewards and count-aware weights, as of training ``step``."""
-        return fold_samples(self.calls.records(), self.bank, step, cooldown)
+        return fold_samples(self.calls.records(), self.bank, step, cooldown, self.config.credit_no_ops)
 
     def meta_rewards(self) -> list[float]:
         """The meta-reward of every extractor call that has one so far (the count-aware weights are not
         needed, so the bank is not read)."""
-        return [s.reward for s in fold_samples(self.calls.records()) if s.reward is not None]
+        return [s.reward for s in fold_samples(self.calls.records(), no_op_reward=self.config.credit_no_ops)
+                if s.reward is not None]
 
     def mark_trained(self, samples: list[ExtractorSample], step: int) -> None:
         """Record that ``samples`` were trained on at ``step`` (entry ``train_count``/``last_trained_step``)."""
