@@ -754,7 +754,7 @@ def manager_settings(cfg: TrainConfig) -> dict[str, Any]:
     """
     return {"distil_params": {"max_tokens": cfg.distil_max_tokens, "temperature": 0.7},
             "max_trajectory_chars": cfg.distil_chars, "distil_workers": cfg.distil_workers, "merge_every": 0,
-            "credit_no_ops": bool(cfg.credit_no_ops)}
+            **({"credit_no_ops": True} if cfg.credit_no_ops else {})}
 
 
 async def open_env_pool(cfg: TrainConfig):
