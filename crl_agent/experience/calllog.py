@@ -33,6 +33,7 @@ actor does without experience.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import logging
@@ -239,10 +240,10 @@ def fold_samples(
     trained: dict[str, tuple[int, int]] = {}  # call id -> (times trained, the last step)
     blind: list[tuple[int, str, float]] = []  # (record index, episode key, outcome) of unguided episodes
     for n, rec in enumerate(records):
-        if rec["type"] == "outcome" and rec.get("blind"):
-            blind.append((n, str(rec.get("episode") or f"#record{n}"), float(rec["outcome"])))
-        elif rec["type"] == "outcome":
+        if rec["type"] == "outcome":
             episode = str(rec.get("episode") or f"#record{n}")
+            if rec.get("blind"):
+                blind.append((n, episode, float(rec["outcome"])))
             for cid in set(rec.get("call_ids", ())):
                 outcomes.setdefault(cid, {})[episode] = float(rec["outcome"])
         elif rec["type"] == "trained":
@@ -256,8 +257,9 @@ def fold_samples(
         got = list(outcomes.get(rec["call_id"], {}).values())
         entries = [int(i) for i in rec.get("entries", [])]
         if no_op_reward and rec["kind"] == "distil" and not entries and not got:
-            after = [(key, o) for i, key, o in blind if i > n]
-            got = list(dict(after[:NO_OP_WINDOW]).values())  # an episode logged twice counts once
+            first = bisect.bisect_right(blind, (n, "", 0.0))  # the first blind episode logged after the call
+            after = blind[first:first + NO_OP_WINDOW]
+            got = list({key: o for _, key, o in after}.values())  # an episode logged twice counts once
         live = []
         if bank is not None and rec["kind"] != "answer":
             live = [e for e in bank.get_many(entries) if e.origin == rec["call_id"]]

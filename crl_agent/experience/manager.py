@@ -509,15 +509,14 @@ class ExperienceManager:
         With ``credit_no_ops``, an episode that nothing guided is logged too, as a blind outcome."""
         origins = [e.origin for e in entries if e.origin]
         credited = list(dict.fromkeys([*origins, *call_ids]))
-        if not credited:
-            if self.config.credit_no_ops:
-                self.calls.write({"type": "outcome", "episode": episode, "outcome": 1.0 if success else -1.0,
-                                  "call_ids": [], "entries": [], "blind": True, "time": time.time()})
+        blind = not entries and not call_ids
+        if not credited and not (blind and self.config.credit_no_ops):
             return
         self.calls.write(
             {
                 "type": "outcome", "episode": episode, "outcome": 1.0 if success else -1.0,
                 "call_ids": credited, "entries": [e.id for e in entries], "time": time.time(),
+                **({"blind": True} if blind else {}),
             }
         )
 

@@ -90,9 +90,8 @@ class EnvHost:
 
 def answer(host: Any, slot: int, method: str, args: tuple, kwargs: dict[str, Any] | None) -> tuple[bool, bytes]:
     """Serve one call through ``host.call`` (an :class:`EnvHost`, or a Ray actor body that wraps one) where the
-    env lives: ``(True, pickled result)`` or
-    ``(False, pickled (type, message, traceback))``. The result is pickled on its own, so a result that
-    cannot be sent fails only its own call."""
+    env lives: ``(True, pickled result)`` or ``(False, pickled (type, message, traceback))``. The result is
+    pickled on its own, so a result that cannot be sent fails only its own call."""
     try:
         result = host.call(slot, method, args, kwargs)
     except BaseException as e:  # noqa: BLE001 - the pool reports it as the call's EnvError

@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 
 from crl_envs.pool.base import EnvError
-from crl_envs.pool.host import settle
+from crl_envs.pool.host import answer, settle
 from crl_envs.pool.slots import SlotFront, SlotTable, parse_envs
 
 
@@ -79,8 +79,6 @@ class _ActorBody:
 
     def call_many(self, calls: list[tuple[int, str, tuple, dict[str, Any] | None]]) -> list[tuple[bool, bytes]]:
         """Serve ``calls`` in order through :meth:`call`, each answered as :func:`crl_envs.pool.host.answer` does."""
-        from crl_envs.pool.host import answer
-
         return [answer(self, *c) for c in calls]
 
     def pid(self) -> int:
