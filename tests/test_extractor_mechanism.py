@@ -30,8 +30,16 @@ every seed), by the tiny model's seed:
   way (0.47, 0.41) and stop writing wrong codes by writing *nothing*: a call that writes no entry guides no
   episode, so the meta-reward never reaches it, and writing nothing escapes the -1 of a wrong entry.
 - with ``credit_no_ops`` (a call that wrote nothing earns what the actor does without experience): seeds
-  1, 2 and 4 learn it (0.97, 1.0, 0.97; the actor then wins 0.94-1.0 of held-out episodes), seed 3
-  still collapses to writing nothing (0.03). The second case runs seed 1, where the paper's rule fails.
+  1, 2 and 4 learned it (0.97, 1.0, 0.97; the actor then won 0.94-1.0 of held-out episodes), seed 3
+  still collapsed to writing nothing (0.03).
+
+A run is chaotic in the low bits: which distillations share a batch changes the padded forward's
+floating-point sums, a near-tie token flips, and training goes elsewhere. Seed 0 with the paper's rule
+(the test below) gave the same result (useful 1.0, wrong 0.0, actor 1.0) with batches of 1, 8 and 16;
+seed 1 with ``credit_no_ops`` gave useful 0.97 / 0.91 / 0.81, wrong 0.13 / 0.28 / 0.75 and actor
+0.94 / 0.84 / 0.53 with batches of 1, 16 and 8, so it is no test case: the flag's rule is tested in
+tests/test_experience_manager.py. Here the extractor batches exactly 8 requests (``batch_wait_ms`` is
+long and every wave of requests is a multiple of 8), so on one machine a run does not depend on timing.
 """
 
 from __future__ import annotations
@@ -129,9 +137,9 @@ def episode(colour: str, seed: int, entries: list[ExperienceEntry], rng: random.
                          final_observation=final)
 
 
-def manager_config(credit_no_ops: bool = False) -> ManagerConfig:
+def manager_config() -> ManagerConfig:
     return ManagerConfig(
-        k=1, merge_every=0, credit_no_ops=credit_no_ops, distil_workers=8, distil_example=False, max_trajectory_chars=600,
+        k=1, merge_every=0, distil_workers=8, distil_example=False, max_trajectory_chars=600,
         title_pattern=r"^code$", content_pattern=r"^press [1-4]$",
         distil_params=SamplingParams(max_tokens=200, temperature=0.7),
         # every new entry is shown before any is shown again, so each call's entries earn a meta-reward
@@ -162,14 +170,13 @@ async def evaluate(llm, folder, colour: str, seeds: range, rng: random.Random) -
     return {"useful": useful / n, "wrong": wrong / n, "with_experience": wins / n, "malformed": manager.stats["malformed"]}
 
 
-async def train(llm, learner, folder, colour: str, steps: int, rng: random.Random,
-                credit_no_ops: bool = False) -> list[float]:
+async def train(llm, learner, folder, colour: str, steps: int, rng: random.Random) -> list[float]:
     """``steps`` steps of 16 episodes, split as crl mode splits a group: 8 are shown an entry of the bank
     (once there are any) and their outcomes credit the calls that wrote them, 8 play without experience;
     every one is distilled. Then, with a learner (crl), one CISPO step on the 16 latest calls that have a
     meta-reward. Returns the mean meta-reward of each step's batch."""
     bank = ExperienceBank(folder, embedder="hash")
-    manager = ExperienceManager(bank, llm, manager_config(credit_no_ops), log_path=folder / "extractor_calls.jsonl")
+    manager = ExperienceManager(bank, llm, manager_config(), log_path=folder / "extractor_calls.jsonl")
     sync, goal, rewards = SharedWeights(llm), f"Open the {colour} vault.", []
     task = VaultEnv(colour).task_id
     for step in range(steps):
@@ -195,17 +202,15 @@ async def train(llm, learner, folder, colour: str, steps: int, rng: random.Rando
 
 
 @pytest.fixture
-def extractor(request, tmp_path, one_thread):
-    path = build_tiny_chat_model(tmp_path / "tiny", seed=getattr(request, "param", 0), max_context=4096)
-    llm = TransformersLLM(str(path), dtype="float32", max_batch_size=16, seed=0)
+def extractor(tmp_path, one_thread):
+    path = build_tiny_chat_model(tmp_path / "tiny", seed=0, max_context=4096)
+    # batches of exactly 8 (the distil workers, and 32 held-out calls are 4 batches): no timing in the result
+    llm = TransformersLLM(str(path), dtype="float32", max_batch_size=8, batch_wait_ms=2000, seed=0)
     yield llm
     asyncio.run(llm.aclose())
 
 
-@pytest.mark.parametrize(("extractor", "credit_no_ops"), [(0, False), (1, True)],
-                         indirect=["extractor"], ids=["paper-rule-seed0", "credit-no-ops-seed1"])
-def test_cispo_with_the_meta_reward_teaches_the_extractor_the_entry_that_wins_and_static_does_not(
-        extractor, credit_no_ops, tmp_path):
+def test_cispo_with_the_meta_reward_teaches_the_extractor_the_entry_that_wins_and_static_does_not(extractor, tmp_path):
     colour, held_out = "red", range(50_000, 50_032)
 
     async def run():
@@ -215,7 +220,7 @@ def test_cispo_with_the_meta_reward_teaches_the_extractor_the_entry_that_wins_an
         assert all(torch.equal(a, b) for a, b in zip(weights, extractor.model.parameters(), strict=True))
         static = await evaluate(extractor, tmp_path / "eval1", colour, held_out, random.Random(1))
         learner = PolicyLearner(extractor.model, lr=1e-2, loss="cispo")
-        rewards = await train(extractor, learner, tmp_path / "crl", colour, 12, random.Random(3), credit_no_ops)
+        rewards = await train(extractor, learner, tmp_path / "crl", colour, 12, random.Random(3))
         after = await evaluate(extractor, tmp_path / "eval2", colour, held_out, random.Random(1))
         return before, static, after, rewards, learner.version
 

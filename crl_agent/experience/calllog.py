@@ -5,9 +5,10 @@ which :func:`load_samples` skips):
 
 - ``{"type": "call", "call_id", "kind": "distil"|"merge"|"answer", "messages", "text", "token_ids",
   "logprobs", "sampling_logprobs", "temperature", "prompt_token_ids", "policy_version", "ops", "errors",
-  "entries", "task", "trajectory", "time"}``: one extractor call (``sampling_logprobs``: of the
-  distribution it was sampled from, at ``temperature``; ``policy_version``: the extractor's weights that
-  sampled it), what it wrote and which entries it touched.
+  "entries", "task", "trajectory", "time", "seconds"}``: one extractor call (``sampling_logprobs``: of
+  the distribution it was sampled from, at ``temperature``; ``policy_version``: the extractor's weights
+  that sampled it; ``seconds``: how long the backend took to answer), what it wrote and which entries it
+  touched.
 - ``{"type": "outcome", "episode", "outcome": +1|-1, "call_ids", "entries"}``: an episode guided by
   entries written by those calls (or by an answer call) ended.
 - ``{"type": "trained", "call_ids", "step", "entries"}``: a trainer used those samples at ``step``

@@ -293,10 +293,11 @@ class ExperienceManager:
         else:
             messages = ex.answer_messages(task or "any", question, entries)
             try:
+                t1 = time.perf_counter()
                 completion = await self.extractor.chat(messages, self.config.answer_params)
                 answer = ex.parse_answer(completion.text)
                 call_id = self._log_call("answer", messages, completion, [], [], [e.id for e in entries], task,
-                                         params=self.config.answer_params)
+                                         params=self.config.answer_params, seconds=round(time.perf_counter() - t1, 3))
             except Exception as e:  # noqa: BLE001 - an extractor failure must not end the episode
                 self.stats["extractor_errors"] += 1
                 log.warning("search-and-ask extractor call failed: %s", e)
@@ -365,7 +366,9 @@ class ExperienceManager:
         valid_ids = {e.id for e in traj.retrieved}
         schema = ex.distil_schema(valid_ids, self.config.title_pattern, self.config.content_pattern)
         params = self._with_schema(self.config.distil_params, schema)
+        t0 = time.perf_counter()
         completion = await self.extractor.chat(messages, params)
+        seconds = time.perf_counter() - t0
         ops, errors = ex.parse_distil(completion.text, valid_ids)
         call_id = self._new_call_id()
         async with self.lock.write():
@@ -373,7 +376,8 @@ class ExperienceManager:
         errors += apply_errors
         self.stats["malformed"] += len(errors)
         self._log_call("distil", messages, completion, [op.to_dict() for op in applied], errors, touched,
-                       traj.task, call_id=call_id, params=self.config.distil_params, trajectory=traj.id)
+                       traj.task, call_id=call_id, params=self.config.distil_params, trajectory=traj.id,
+                       seconds=round(seconds, 3))
         return applied
 
     def _apply_distil(
@@ -445,7 +449,9 @@ class ExperienceManager:
         try:
             schema = ex.merge_schema([e.id for e in cluster], self.config.title_pattern, self.config.content_pattern)
             params = self._with_schema(self.config.merge_params, schema)
+            t0 = time.perf_counter()
             completion = await self.extractor.chat(messages, params)
+            seconds = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001
             self.stats["extractor_errors"] += 1
             log.warning("merge extractor call failed: %s", e)
@@ -471,7 +477,8 @@ class ExperienceManager:
         self.stats["merge_clusters"] += 1
         self.stats["malformed"] += len(errors)
         self._log_call("merge", messages, completion, [decision.to_dict()], errors, touched, task,
-                       call_id=call_id, params=self.config.merge_params, cluster=ids)
+                       call_id=call_id, params=self.config.merge_params, cluster=ids,
+                       seconds=round(seconds, 3))
         return decision.kind
 
     # ---------------------------------------------------------------- call log and meta-reward
