@@ -26,6 +26,17 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``platform.processor()`` is empty on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def run_eval(out: Path, experience: str, args: argparse.Namespace) -> dict:
     """One ``eval.run`` of the crl agent; returns its wall time and what it did."""
     cmd = [sys.executable, "-m", "eval.run", "--quiet", "--agent", "crl", "--tasks", args.tasks,
@@ -86,7 +97,7 @@ def main() -> None:
     path = RESULTS / "crl_overhead.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     data.update({"schema_version": "1.0", "target_ratio": 1.5})
-    data.setdefault("runs", {})[tag] = {"machine": platform.processor() or platform.machine(),
+    data.setdefault("runs", {})[tag] = {"machine": cpu_name(),
                                         "cpus": os.cpu_count(), **row}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
