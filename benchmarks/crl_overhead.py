@@ -23,6 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from crl_agent.experience.calllog import read_records
+from eval.results import EpisodeLog
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -45,15 +48,14 @@ def run_eval(out: Path, experience: str, args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
     wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines() if line.strip()]
+    rows = list(EpisodeLog(out / "episodes.jsonl").latest().values())
     ok = [r for r in rows if not r.get("error")]
     row = {"wall_s": round(wall, 1), "episodes": len(rows), "errored": len(rows) - len(ok),
            "success": sum(bool(r["success"]) for r in ok) / max(1, len(ok)),
            "actions": sum(r["actions"] for r in ok)}
     calls_path = out / "extractor_calls.jsonl"
     if calls_path.exists():
-        calls = [json.loads(line) for line in calls_path.read_text().splitlines() if line.strip()]
-        calls = [c for c in calls if c.get("type") == "call"]
+        calls = [c for c in read_records(calls_path) if c.get("type") == "call"]
         for kind in ("distil", "merge", "answer"):
             mine = [c for c in calls if c["kind"] == kind]
             if not mine:

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from eval.results import EpisodeLog
+
 RESULTS = Path(__file__).parent / "results"
 TASK = "crl/MiniHack-Room-Random-5x5-Short-v0"
 EVAL_SEED = 1_000_000  # crl_agent.train's first held-out seed
@@ -71,7 +73,7 @@ def evaluate(out: Path, episodes: int, concurrency: int, bank: Path | None, adap
         cmd += ["--agent-arg", f"adapter={adapter}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
-    rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines() if line.strip()]
+    rows = list(EpisodeLog(out / "episodes.jsonl").latest().values())
     ok = [r for r in rows if not r.get("error")]
     wins = sum(bool(r["success"]) for r in ok)
     n = len(ok)

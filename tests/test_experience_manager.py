@@ -83,6 +83,7 @@ def test_submit_returns_at_once_and_flush_applies_the_distillation(bank, tmp_pat
     assert rec["kind"] == "distil" and rec["entries"] == [entry.id] and entry.origin == rec["call_id"]
     assert rec["token_ids"] and len(rec["logprobs"]) == len(rec["token_ids"]) and rec["prompt_token_ids"] == [1, 2, 3]
     assert rec["messages"][-1]["content"].startswith("Task: " + TASK) and rec["ops"][0]["op"] == "add"
+    assert isinstance(rec["seconds"], float) and rec["seconds"] >= 0  # the backend's time, for benchmarks
 
 
 def test_malformed_extractor_output_is_counted_and_never_touches_the_bank(bank):

@@ -293,11 +293,10 @@ class ExperienceManager:
         else:
             messages = ex.answer_messages(task or "any", question, entries)
             try:
-                t1 = time.perf_counter()
-                completion = await self.extractor.chat(messages, self.config.answer_params)
+                completion, seconds = await self._chat(messages, self.config.answer_params)
                 answer = ex.parse_answer(completion.text)
                 call_id = self._log_call("answer", messages, completion, [], [], [e.id for e in entries], task,
-                                         params=self.config.answer_params, seconds=round(time.perf_counter() - t1, 3))
+                                         params=self.config.answer_params, seconds=seconds)
             except Exception as e:  # noqa: BLE001 - an extractor failure must not end the episode
                 self.stats["extractor_errors"] += 1
                 log.warning("search-and-ask extractor call failed: %s", e)
@@ -366,9 +365,7 @@ class ExperienceManager:
         valid_ids = {e.id for e in traj.retrieved}
         schema = ex.distil_schema(valid_ids, self.config.title_pattern, self.config.content_pattern)
         params = self._with_schema(self.config.distil_params, schema)
-        t0 = time.perf_counter()
-        completion = await self.extractor.chat(messages, params)
-        seconds = time.perf_counter() - t0
+        completion, seconds = await self._chat(messages, params)
         ops, errors = ex.parse_distil(completion.text, valid_ids)
         call_id = self._new_call_id()
         async with self.lock.write():
@@ -377,7 +374,7 @@ class ExperienceManager:
         self.stats["malformed"] += len(errors)
         self._log_call("distil", messages, completion, [op.to_dict() for op in applied], errors, touched,
                        traj.task, call_id=call_id, params=self.config.distil_params, trajectory=traj.id,
-                       seconds=round(seconds, 3))
+                       seconds=seconds)
         return applied
 
     def _apply_distil(
@@ -449,9 +446,7 @@ class ExperienceManager:
         try:
             schema = ex.merge_schema([e.id for e in cluster], self.config.title_pattern, self.config.content_pattern)
             params = self._with_schema(self.config.merge_params, schema)
-            t0 = time.perf_counter()
-            completion = await self.extractor.chat(messages, params)
-            seconds = time.perf_counter() - t0
+            completion, seconds = await self._chat(messages, params)
         except Exception as e:  # noqa: BLE001
             self.stats["extractor_errors"] += 1
             log.warning("merge extractor call failed: %s", e)
@@ -478,10 +473,17 @@ class ExperienceManager:
         self.stats["malformed"] += len(errors)
         self._log_call("merge", messages, completion, [decision.to_dict()], errors, touched, task,
                        call_id=call_id, params=self.config.merge_params, cluster=ids,
-                       seconds=round(seconds, 3))
+                       seconds=seconds)
         return decision.kind
 
     # ---------------------------------------------------------------- call log and meta-reward
+    async def _chat(self, messages: list[dict[str, str]], params: SamplingParams) -> tuple[Completion, float]:
+        """One extractor call and how long the backend took to answer it (seconds, as the call log keeps it)."""
+        assert self.extractor is not None
+        t0 = time.perf_counter()
+        completion = await self.extractor.chat(messages, params)
+        return completion, round(time.perf_counter() - t0, 3)
+
     def _log_call(
         self,
         kind: str,
