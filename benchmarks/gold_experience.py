@@ -11,7 +11,8 @@ never trained on) plays the same held-out seeds with experience off and with the
 If gold experience does not raise success, nothing the extractor writes can, and Complementary RL's
 actor side must learn to read experience (train with it shown) before the extractor's side can pay.
 
-Run: ``python benchmarks/gold_experience.py [--episodes 32] [--concurrency 8] [--adapter DIR --label grpo]``;
+Run: ``python benchmarks/gold_experience.py [--episodes 32] [--concurrency 8] [--adapter DIR --label grpo]
+[--device cuda]``;
 results merge into ``benchmarks/results/gold_experience.json`` by label.
 """
 
@@ -61,13 +62,14 @@ def gold_bank(path: Path) -> int:
         bank.close()
 
 
-def evaluate(out: Path, episodes: int, concurrency: int, bank: Path | None, adapter: str | None) -> dict:
+def evaluate(out: Path, episodes: int, concurrency: int, bank: Path | None, adapter: str | None,
+             device: str = "cpu") -> dict:
     """One ``eval.run`` of the crl agent on the held-out seeds; experience off when ``bank`` is None."""
     cmd = [sys.executable, "-m", "eval.run", "--quiet", "--agent", "crl", "--tasks", TASK,
            "--episodes", str(episodes), "--seed", str(EVAL_SEED), "--concurrency", str(concurrency),
            "--out", str(out), "--trajectories", "text",
            "--agent-arg", "history=2", "--agent-arg", "temperature=1.0", "--agent-arg", "learning=false",
-           "--agent-arg", "max_tool_calls=0", "--agent-arg", "action_mode=score"]
+           "--agent-arg", "max_tool_calls=0", "--agent-arg", "action_mode=score", "--agent-arg", f"device={device}"]
     cmd += ["--experience", "off"] if bank is None else ["--bank", str(bank)]
     if adapter:
         cmd += ["--agent-arg", f"adapter={adapter}"]
@@ -92,6 +94,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight, scored in one batch (default: 8)")
     p.add_argument("--adapter", default=None, help="a trained actor's LoRA adapter folder (default: untrained)")
     p.add_argument("--label", default=None, help="name of this actor in the results (default: untrained/adapter)")
+    p.add_argument("--device", default="cpu", help="where the actor runs: cpu (default) or cuda")
     p.add_argument("--out", type=Path, default=Path("runs/gold_experience"))
     args = p.parse_args()
     label = args.label or ("untrained" if args.adapter is None else Path(args.adapter).name)
@@ -103,7 +106,7 @@ def main() -> None:
             out = args.out / label / cond
             if out.exists():
                 raise SystemExit(f"{out} exists: remove it or pick another --out/--label")
-            row[cond] = evaluate(out, args.episodes, args.concurrency, b, args.adapter)
+            row[cond] = evaluate(out, args.episodes, args.concurrency, b, args.adapter, args.device)
             print(f"{label} experience {cond}: success {row[cond]['success']:.1%} ± {row[cond]['stderr']:.1%} "
                   f"({row[cond]['episodes']} episodes, {row[cond]['errored']} errored, "
                   f"{row[cond]['mean_entries_shown']:.1f} entries shown, {row[cond]['wall_s']:.0f} s)", flush=True)
@@ -112,7 +115,7 @@ def main() -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     data.update({"schema_version": "1.0", "task": TASK, "eval_seed": EVAL_SEED, "gold_entries": n_entries,
                  "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()})
-    data.setdefault("actors", {})[label] = {"adapter": args.adapter, **row}
+    data.setdefault("actors", {})[label] = {"adapter": args.adapter, "device": args.device, **row}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"{label}: gold experience {row['gain_points']:+.1f} points; wrote {path}")

@@ -13,7 +13,7 @@ Runs go in parallel as subprocesses (one torch thread each), so on 2 cores ``--j
 
 Run: ``python benchmarks/train_cpu.py [--modes grpo,crl[,static]] [--seeds 0,1] [--minutes 30] [--jobs 2]``;
 a variant: ``--tag NAME --set lr=2e-3 --set ppo-epochs=2`` (runs in ``runs/train_cpu/NAME``, results in
-``train_cpu_NAME.{json,png}``); ``--report`` rebuilds the results from finished run folders, ``--plot``
+``train_cpu_NAME.{json,png}``; ``--set device=cuda`` trains on a GPU); ``--report`` rebuilds the results from finished run folders, ``--plot``
 only redraws the PNG from the results JSON.
 """
 
@@ -55,6 +55,9 @@ SETTINGS = {
     "dynamic-sampling": 0,
     "kl-coef": 0.0,
     "entropy-coef": 0.0,
+    # where each run trains and scores: --set device=cuda runs the same comparison on a GPU (equal steps:
+    # the same algorithm and budget in steps, so its results answer the same question, faster)
+    "device": "cpu",
 }
 # crl mode on this CPU: 2 episodes of each group distilled (one from each half; distilling all 16 a step
 # made a step 2.6x slower than grpo's, so crl got 13-14 steps in 30 minutes against grpo's 32), batched
@@ -138,9 +141,10 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
 
 def read_results(path: Path) -> dict:
     """A results file, its settings named as now (files written before the trainer's --env became --tasks
-    have ``env``)."""
+    have ``env``; those written before ``device`` was a setting ran on the CPU)."""
     saved = json.loads(path.read_text())
     saved["settings"] = {("tasks" if k == "env" else k): v for k, v in saved.get("settings", {}).items()}
+    saved["settings"].setdefault("device", "cpu")
     return saved
 
 
@@ -193,7 +197,7 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     share = "2 cores shared by 2 runs" if jobs > 1 else "2 cores, one run at a time"
     ax.set_xlabel(f"training minutes ({share}; evaluations not counted)")
     ax.set_ylabel("held-out success % (64 seeds, temperature 1)")
-    ax.set_title(f"SmolLM2-135M on {settings['tasks']} (CPU, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
+    ax.set_title(f"SmolLM2-135M on {settings['tasks']} ({settings.get('device', 'cpu').upper()}, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
                  fontsize=9)
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
