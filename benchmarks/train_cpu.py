@@ -13,8 +13,8 @@ Runs go in parallel as subprocesses (one torch thread each), so on 2 cores ``--j
 
 Run: ``python benchmarks/train_cpu.py [--modes grpo,crl[,static]] [--seeds 0,1] [--minutes 30] [--jobs 2]``;
 a variant: ``--tag NAME --set lr=2e-3 --set ppo-epochs=2`` (runs in ``runs/train_cpu/NAME``, results in
-``train_cpu_NAME.{json,png}``; ``--set device=cuda`` trains on a GPU); ``--report`` rebuilds the results from finished run folders, ``--plot``
-only redraws the PNG from the results JSON.
+``train_cpu_NAME.{json,png}``; ``--set device=cuda`` trains on a GPU); ``--report`` rebuilds the results
+from finished run folders, ``--plot`` only redraws the PNG from the results JSON.
 """
 
 from __future__ import annotations
@@ -194,10 +194,14 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
         exp = [(e.get("train_time_s", 0.0) / 60, 100 * e["with_experience"]) for e in r["evals"] if "with_experience" in e]
         if exp:
             ax.plot(*zip(*exp, strict=True), marker="x", linestyle="--", label=f"{r['mode']} seed {r['seed']} (with exp.)")
-    share = "2 cores shared by 2 runs" if jobs > 1 else "2 cores, one run at a time"
+    device = settings.get("device", "cpu")
+    if device == "cpu":
+        share = "2 cores shared by 2 runs" if jobs > 1 else "2 cores, one run at a time"
+    else:
+        share = f"{jobs} runs at once on one GPU ({device})" if jobs > 1 else f"one run at a time on {device}"
     ax.set_xlabel(f"training minutes ({share}; evaluations not counted)")
     ax.set_ylabel("held-out success % (64 seeds, temperature 1)")
-    ax.set_title(f"SmolLM2-135M on {settings['tasks']} ({settings.get('device', 'cpu').upper()}, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
+    ax.set_title(f"SmolLM2-135M on {settings['tasks']} ({device.upper()}, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
                  fontsize=9)
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
