@@ -14,7 +14,9 @@ The base class guarantees the ``info`` keys (``task``, ``admissible_actions``,
 into an *invalid move* (reward 0, feedback in the observation, never an exception), and
 caps action length so that hostile inputs stay cheap. Non-``str`` actions, empty ones, over-long
 ones and text that is not valid Unicode (lone surrogates) never reach ``_apply``. A step after
-the episode terminated is an invalid move that asks for ``reset()``; a step before the first
+the episode ended is an invalid move that asks for ``reset()`` and repeats how the episode ended
+(``terminated``, or ``truncated`` where a subclass ended it at its own step limit), so an episode
+never looks live again: Gymnasium leaves such a step undefined. A step before the first
 ``reset()`` raises ``gymnasium.error.ResetNeeded``, as Gymnasium's ``OrderEnforcing`` does.
 """
 
@@ -90,6 +92,8 @@ class TextEnv(gym.Env[str, str]):
         self._success = False
         self._progress = 0.0
         self._done = False
+        # how the episode ended: a terminating outcome, else (``_done`` set by a subclass) a truncation
+        self._terminated = False
         self._reset_called = False
 
     # ----------------------------------------------------------------- hooks
@@ -127,7 +131,7 @@ class TextEnv(gym.Env[str, str]):
         self._reset_called = True
         self._success = False
         self._progress = 0.0
-        self._done = False
+        self._done = self._terminated = False
         obs, extra = self._reset_task(options)
         self._task = str(extra.get("task", ""))
         self._last_obs = obs
@@ -167,10 +171,12 @@ class TextEnv(gym.Env[str, str]):
         if outcome is None:
             obs = f"{feedback}\n\n{self._last_obs}" if self._last_obs else feedback
             info = self._info(valid=False)
+            if self._done:  # the episode stays over until reset(): never flip back to a live one
+                return obs, 0.0, self._terminated, not self._terminated, info
             return obs, 0.0, False, False, info
         self._success = bool(outcome.success)
         self._progress = float(min(1.0, max(0.0, outcome.progress)))
-        self._done = bool(outcome.terminated)
+        self._done = self._terminated = bool(outcome.terminated)
         self._last_obs = outcome.obs
         info = {**outcome.info, **self._info(valid=True)}
         return outcome.obs, float(outcome.reward), bool(outcome.terminated), False, info

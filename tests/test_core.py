@@ -31,9 +31,14 @@ def test_huge_action_is_rejected_cheaply():
     assert not info["valid_action"] and "longer than" in obs
 
 
-def test_step_after_episode_end_is_an_invalid_move():
+def test_step_after_episode_end_is_an_invalid_move_and_the_episode_stays_over():
     env = gym.make("test/Guess-v0")
     env.reset(seed=0)
-    env.step(env.unwrapped.oracle_action())
-    obs, reward, term, trunc, info = env.step("1")
-    assert not info["valid_action"] and "reset" in obs and reward == 0
+    *_, term, trunc, info = env.step(env.unwrapped.oracle_action())
+    assert term and not trunc and info["success"]
+    for action in ("1", env.unwrapped.oracle_action(), 7):  # any action, even the winning one or a non-str
+        obs, reward, term, trunc, info = env.step(action)
+        assert not info["valid_action"] and "reset" in obs and reward == 0
+        assert term and not trunc and info["success"]  # still over, as it ended: never live again
+    obs, info = env.reset(seed=0)
+    assert "reset" not in obs and not env.step("1")[2]  # reset starts a live episode
