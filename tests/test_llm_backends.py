@@ -14,6 +14,8 @@ pytest.importorskip("transformers")
 
 from crl_agent.llm import LLMError, SamplingParams, make_llm  # noqa: E402
 from crl_agent.llm.batching import RequestBatcher  # noqa: E402
+from crl_agent.llm.hf_engine import ForwardEngine, GenRequest, ScoreRequest  # noqa: E402
+from crl_agent.llm.prefix_cache import PrefixCache  # noqa: E402
 from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
 from crl_agent.llm.transformers_backend import TransformersLLM  # noqa: E402
 
@@ -124,6 +126,64 @@ def test_batched_rows_match_the_same_requests_run_alone(llm):
     for t, a in zip(together, alone, strict=True):
         assert t.token_ids == a.token_ids
         assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+
+
+def _engine(llm, *, causal_prefill: bool, cache_bytes: int = 0) -> ForwardEngine:
+    """A forward engine on ``llm``'s model, with or without the plain causal prefill."""
+    return ForwardEngine(
+        llm.model, device="cpu", pad_id=llm.pad_id, eos_ids=frozenset(), cache=PrefixCache(cache_bytes),
+        decode_ids=llm.tokenizer.decode, model_name="tiny", policy_version=lambda: 0, causal_prefill=causal_prefill,
+    )
+
+
+def _gen(prompt: list[int], max_new: int = 12, temperature: float = 0.0, seed: int = 0) -> GenRequest:
+    return GenRequest(prompt, SamplingParams(max_tokens=max_new, temperature=temperature), max_new, seed)
+
+
+def test_causal_prefill_gives_the_masked_prefills_tokens_and_logprobs(llm):
+    """Generation rows with nothing cached and no padding skip the 4D mask; what they generate is unchanged."""
+    a = llm.render(CHAT)
+    b = llm.render([{"role": "user", "content": "Ten chars!"}])
+    b = (b + a)[: len(a)]  # the same length as ``a``: a batch with no padding
+    batches = [[_gen(a)], [_gen(a), _gen(b)], [_gen(a, temperature=1.0, seed=3), _gen(b, temperature=0.7, seed=4)]]
+    causal, masked = _engine(llm, causal_prefill=True), _engine(llm, causal_prefill=False)
+    for reqs in batches:
+        got, want = causal.run(reqs), masked.run([GenRequest(**r.__dict__) for r in reqs])
+        for g, w in zip(got, want, strict=True):
+            assert g.token_ids == w.token_ids and len(g.token_ids) == 12
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+            assert g.sampling_logprobs == pytest.approx(w.sampling_logprobs, abs=1e-4)
+    assert (causal.prefills.causal, causal.prefills.masked) == (3, 0)
+    assert (masked.prefills.causal, masked.prefills.masked) == (0, 3)
+
+
+def test_causal_prefill_is_taken_only_without_padding_cache_or_candidates(llm):
+    """Padded rows, rows with a cached prefix and scoring rows keep the explicit mask (a spy on the forward)."""
+    engine = _engine(llm, causal_prefill=True, cache_bytes=2**26)
+    masks: list[bool] = []
+    base = engine.base
+
+    def spy(**kwargs):
+        masks.append(kwargs["attention_mask"] is not None)
+        return base(**kwargs)
+
+    engine.base = spy
+    short, long = llm.render(CHAT), llm.render([{"role": "user", "content": "A much longer prompt than the other."}])
+    engine.run([_gen(short)])  # alone, nothing cached: causal
+    engine.run([_gen(long), _gen(short + [5, 6])])  # padded (and short + ... is cached): masked
+    engine.run([_gen(long + [7, 8])])  # alone but its prefix is cached: masked
+    engine.run([ScoreRequest(llm.render(CHAT[:1]), [[9, 10], [11]])])  # candidates need their mask
+    assert masks == [False, True, True, True]
+    assert (engine.prefills.causal, engine.prefills.masked) == (1, 3)
+
+
+def test_the_backend_prefills_a_first_prompt_causally_and_a_prompt_sharing_its_start_with_the_mask(tiny_dir):
+    m = TransformersLLM(tiny_dir, dtype="float32")
+    run(m.chat([{"role": "user", "content": "a first prompt"}], SamplingParams(max_tokens=2)))
+    assert (m._engine.prefills.causal, m._engine.prefills.masked) == (1, 0)
+    # every chat starts with the template's header, which the prefix cache now holds
+    run(m.chat([{"role": "user", "content": "another prompt"}], SamplingParams(max_tokens=2)))
+    assert (m._engine.prefills.causal, m._engine.prefills.masked) == (1, 1)
 
 
 def test_stop_string_ends_the_text_before_it(tiny_dir):
