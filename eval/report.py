@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.fmt import pct
-from eval.results import EpisodeLog, episode_key
+from eval.results import EpisodeLog, episode_key, record_key
 
 HEADER = ["task", "episodes", "success % ± SE", "progress %", "mean actions", "tokens in/out", "errored"]
 
@@ -177,23 +177,67 @@ def write_plots(
     return written
 
 
-def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A run's summary and its episode records."""
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """A run's ``summary.json``, checked to be a crl-bench summary.
+
+    Raises:
+        FileNotFoundError: there is no ``summary.json``.
+        ValueError: it is not JSON (cut off mid-write, or not text) or not a crl-bench summary; the message
+            names the file.
+    """
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         raise FileNotFoundError(f"{summary_path}: not found; is {run_dir} a finished eval.run directory?")
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{summary_path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                         "a file cut off mid-write? eval.run writes it again at the end of a --resume") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{summary_path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    if not isinstance(summary, dict) or not isinstance(summary.get("tasks"), dict):
+        raise ValueError(f"{summary_path}: not a crl-bench summary (no 'tasks' object)")
+    return summary
+
+
+def load_run_checked(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """A run's summary, its episode records, and a warning for each thing that could not be read.
+
+    Warnings name the file and line: a torn or invalid ``episodes.jsonl`` line, and a record count that
+    falls short of the episodes the summary counts.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`read_summary`.
+    """
+    summary = read_summary(run_dir)
+    log = EpisodeLog(run_dir / "episodes.jsonl")
+    all_records, problems = log.read()
     # A retried episode (--retry-errored) is recorded again; its latest record is the one that counts.
-    latest = EpisodeLog(run_dir / "episodes.jsonl").latest()
+    latest: dict[str, dict[str, Any]] = {}
+    for r in all_records:
+        if isinstance(r, dict) and "env_id" in r and "seed" in r:
+            r["key"] = record_key(r)
+            latest[r["key"]] = r
     # episodes.jsonl may hold more than the summary counts (a resumed run with fewer --episodes or
     # another --seed): plot only the episodes the summary is about.
-    run = summary.get("run") or {}
+    run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
     if isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
         samples = run.get("samples") if isinstance(run.get("samples"), int) else 1
-        wanted = {episode_key(e, run["seed"] + i, k) for e in summary.get("tasks", {}) for i in range(run["episodes"])
+        wanted = {episode_key(e, run["seed"] + i, k) for e in summary["tasks"] for i in range(run["episodes"])
                   for k in range(samples)}
         latest = {k: r for k, r in latest.items() if k in wanted}
     records = list(latest.values())
+    counted = sum(t["episodes"] for t in summary["tasks"].values()
+                  if isinstance(t, dict) and isinstance(t.get("episodes"), int))
+    if log.path.exists() and len(records) < counted:
+        problems.append(f"{run_dir / 'summary.json'}: counts {counted} episodes, but {log.path} holds "
+                        f"{len(records)} readable records of them")
+    return summary, records, problems
+
+
+def load_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A run's summary and its episode records (:func:`load_run_checked` without its warnings)."""
+    summary, records, _ = load_run_checked(run_dir)
     return summary, records
 
 
@@ -203,12 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="where to write success.png, actions.png, results.md")
     args = p.parse_args(argv)
     try:
-        loaded = [load_run(r) for r in args.runs]
-    except (FileNotFoundError, json.JSONDecodeError) as e:
+        loaded = [load_run_checked(r) for r in args.runs]
+    except (FileNotFoundError, ValueError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
-    summaries = [s for s, _ in loaded]
+    for _, _, problems in loaded:
+        for w in problems:
+            print(f"warning: {w}", file=sys.stderr)
+    summaries = [s for s, _, _ in loaded]
     labels = run_labels(summaries, args.runs)
-    paths = write_plots(summaries, args.out, records_by_run=[r for _, r in loaded], labels=labels)
+    paths = write_plots(summaries, args.out, records_by_run=[r for _, r, _ in loaded], labels=labels)
     (args.out / "results.md").write_text(
         "\n".join(markdown_table(s, label) for s, label in zip(summaries, labels, strict=True)),
         encoding="utf-8",

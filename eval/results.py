@@ -72,16 +72,31 @@ class EpisodeLog:
 
     def load(self) -> list[dict[str, Any]]:
         """Every complete record; a torn last line (from a kill mid-write) is dropped."""
+        return self.read()[0]
+
+    def read(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """Every complete record, and a warning naming the file and line of each line that is not one.
+
+        A line that is not JSON (torn by a kill mid-write, or corrupted) or is JSON but not an episode
+        record (an object with ``env_id`` and ``seed``) is skipped; readers that show a run say so.
+        """
         if not self.path.exists():
-            return []
-        records = []
-        with self.path.open(encoding="utf-8") as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
+            return [], []
+        records, problems = [], []
+        with self.path.open(encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
                     continue
-        return records
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    problems.append(f"{self.path}:{n}: not valid JSON (a torn or corrupt line); skipped")
+                    continue
+                records.append(record)
+                if not (isinstance(record, dict) and "env_id" in record and "seed" in record):
+                    problems.append(f"{self.path}:{n}: not an episode record (a JSON {type(record).__name__}, "
+                                    "not an object with env_id and seed); skipped")
+        return records, problems
 
     def latest(self) -> dict[str, dict[str, Any]]:
         """The newest complete record of each episode key (a replayed episode supersedes its errored record)."""

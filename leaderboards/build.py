@@ -134,7 +134,8 @@ def leaderboard_data(subs: list[dict], run_ids: dict[str, str]) -> dict:
 
 
 def write_html(subs: list[dict], out: Path) -> str:
-    """Write the leaderboard site (with a run page per submission) to ``out``; returns a one-line report."""
+    """Write the leaderboard site (with a run page per submission) to ``out``; returns a report (what could not
+    be read of a submission's episodes, one warning a line, then what was written)."""
     from eval.view import load_runs
     from eval.view.data import jsonable
     from eval.view.site import write_site
@@ -142,7 +143,8 @@ def write_html(subs: list[dict], out: Path) -> str:
     runs = load_runs([s["folder"] for s in subs], labels=[s["metadata"]["name"] for s in subs])
     ids = {str(s["folder"]): r.id for s, r in zip(subs, runs, strict=True)}
     stats = write_site(out, runs, leaderboard=jsonable(leaderboard_data(subs, ids)), title="crl-bench leaderboards")
-    return f"wrote {out / 'index.html'} ({stats.files} files, {stats.bytes / 1e6:.1f} MB)"
+    return "".join(f"warning: {w}\n" for w in stats.warnings) + (
+        f"wrote {out / 'index.html'} ({stats.files} files, {stats.bytes / 1e6:.1f} MB)")
 
 
 def main(argv: list[str] | None = None) -> int:

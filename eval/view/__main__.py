@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 from eval.view import build_site
@@ -18,8 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         stats = build_site(args.out, args.runs, title=args.title)
-    except (FileNotFoundError, FileExistsError, ValueError, json.JSONDecodeError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
+    for w in stats.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     print(f"wrote {stats.files} files ({stats.bytes / 1e6:.1f} MB) to {args.out}; "
           f"open {(args.out / 'index.html').resolve().as_uri()}")
     return 0

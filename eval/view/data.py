@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.report import agent_label, load_run
+from eval.report import agent_label, load_run_checked
+from eval.trajectories import FILENAME as TRAJECTORIES
 from eval.trajectories import FULL_ONLY_TURN_FIELDS, load_trajectories
 
 # Step fields the page shows in their own columns; the rest of a step's info is listed under "info".
@@ -150,6 +152,7 @@ class RunData:
     search: list[str] = field(default_factory=list)
     actions: list[list[str] | None] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 # Columns of one episode-index row, in order.
@@ -171,16 +174,25 @@ def _seed(r: dict[str, Any]) -> int | str:
 def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunData:
     """Read one run folder (``summary.json``, ``episodes.jsonl``, optional trajectories) for the page.
 
+    What could not be read (a torn ``episodes.jsonl`` line, a cut-off trajectories file) is skipped and named
+    in ``RunData.warnings``; ``meta`` says whether ``episodes.jsonl`` is missing or empty and whether the
+    trajectories file is missing or was cut off, so the page can say why an episode has no steps.
+
     Raises:
         FileNotFoundError: ``run_dir`` has no ``summary.json``.
-        json.JSONDecodeError: the summary is not JSON.
-        ValueError: the summary has no ``tasks`` object.
+        ValueError: the summary is not JSON or not a crl-bench summary (no ``tasks`` object).
     """
-    summary, records = load_run(run_dir)
-    if not isinstance(summary, dict) or not isinstance(summary.get("tasks"), dict):
-        raise ValueError(f"{run_dir / 'summary.json'}: not a crl-bench summary (no 'tasks' object)")
+    summary, records, problems = load_run_checked(run_dir)
+    with warnings.catch_warnings(record=True) as caught:  # load_trajectories warns of a torn tail
+        warnings.simplefilter("always")
+        loaded = load_trajectories(run_dir)
+    problems += [str(w.message) for w in caught]
+    episodes_path, traj_path = run_dir / "episodes.jsonl", run_dir / TRAJECTORIES
+    episodes_file = ("missing" if not episodes_path.exists() else
+                     "empty" if not episodes_path.read_bytes().strip() else "present")
+    traj_file = "missing" if not traj_path.exists() else "cut" if caught else "present"
     trajs = {}
-    for t in load_trajectories(run_dir):
+    for t in loaded:
         if isinstance(t, dict):
             trajs[(text(t.get("env_id")), _seed(t), _sample(t))] = t
     by_key: dict[tuple[str, int | str, int], dict[str, Any]] = {}
@@ -203,7 +215,7 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
         return task_idx[k[0]], k[1] if isinstance(k[1], int) else math.inf, str(k[1]), k[2]
 
     data = RunData(id=run_id, label=label or agent_label(summary), folder=str(run_dir),
-                   summary=slim_summary(summary), tasks=tasks)
+                   summary=slim_summary(summary), tasks=tasks, warnings=problems)
     for k in sorted(by_key, key=order):
         r, traj = by_key[k], trajs.get(k)
         data.rows.append([
@@ -215,5 +227,6 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
         data.payloads.append(episode_payload(traj) if traj else None)
         data.search.append(search_text(traj, r))
         data.actions.append(action_list(traj))
-    data.meta = {"trajectories": sum(p is not None for p in data.payloads)}
+    data.meta = {"trajectories": sum(p is not None for p in data.payloads), "episodes_file": episodes_file,
+                 "trajectories_file": traj_file}
     return data

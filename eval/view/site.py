@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -64,11 +64,12 @@ INDEX_HTML = """<!doctype html>
 
 @dataclass
 class SiteStats:
-    """What a build wrote: file count and bytes, and the largest data file."""
+    """What a build wrote: file count and bytes, the largest data file, and what could not be read."""
 
     files: int
     bytes: int
     largest: int
+    warnings: list[str] = field(default_factory=list)
 
 
 def _html_escape(s: str) -> str:
@@ -146,7 +147,9 @@ def write_run(out: Path, run: RunData, sizes: list[int]) -> dict[str, Any]:
     return {
         "id": run.id, "label": run.label, "folder": run.folder, "tasks": run.tasks, "summary": run.summary,
         "episodes": len(run.rows), "trajectories": run.meta.get("trajectories", 0), "chunks": len(groups),
-        "search_starts": [g[0] for g in search_groups],
+        "search_starts": [g[0] for g in search_groups], "warnings": run.warnings,
+        "episodes_file": run.meta.get("episodes_file", "present"),
+        "trajectories_file": run.meta.get("trajectories_file", "present"),
     }
 
 
@@ -171,4 +174,5 @@ def write_site(out: Path, runs: list[RunData], leaderboard: dict[str, Any] | Non
     _write(out / "data" / "site.js", _script("site", manifest), sizes)
     scripts = "\n".join(f'<script src="assets/{s}"></script>' for s in APP_SCRIPTS if s != "core.js")
     _write(out / "index.html", INDEX_HTML.format(csp=CSP, title=_html_escape(title), scripts=scripts), sizes)
-    return SiteStats(files=len(sizes), bytes=sum(sizes), largest=max(sizes))
+    return SiteStats(files=len(sizes), bytes=sum(sizes), largest=max(sizes),
+                     warnings=[w for r in runs for w in r.warnings])

@@ -40,6 +40,13 @@
   // Why two runs have no episode in common, in words.
   function whyNoPairs(ra, rb, ia, ib) {
     const only = [ra, rb].filter(function (r) { return !r.episodes; });
+    const read = only.filter(function (r) { return r.episodes_file === "empty" || r.episodes_file === "present"; });
+    if (read.length) {
+      return read.map(function (r) {
+        return r.label + (r.episodes_file === "empty" ? " has an empty episodes.jsonl" : " has no readable episode in its episodes.jsonl") +
+          ", so it has no episodes to pair. ";
+      }).join("") + "Per-task results are on the run pages.";
+    }
     if (only.length === 2) {
       return "Both runs are summaries only (their folders hold summary.json but no episodes.jsonl, as leaderboard submissions may), " +
         "so they have no episodes to pair; their per-task results are on their run pages.";
@@ -84,8 +91,8 @@
         ["B: ", V.el("span", { className: "clip", title: rb.label }, rb.label)], "first differing action"]
         .map(function (h) { return V.el("th", null, h); })));
       root.appendChild(V.el("h2", null, "One succeeded, the other did not (" + split.length + ")"));
-      root.appendChild(split.length ? V.el("table", { className: "grid", id: "split-table" }, head, V.el("tbody", null,
-        split.map(function (p) { return pairRow(ra, rb, p, first(p)); }))) : V.el("p", { className: "note" }, "None."));
+      root.appendChild(split.length ? V.scrollTable(V.el("table", { className: "grid", id: "split-table" }, head, V.el("tbody", null,
+        split.map(function (p) { return pairRow(ra, rb, p, first(p)); })))) : V.el("p", { className: "note" }, "None."));
       root.appendChild(V.el("h2", null, "All pairs (" + pairs.length + ")"));
       const body = V.el("tbody");
       const table = V.el("table", { className: "grid", id: "pairs-table" }, head.cloneNode(true), body);
@@ -94,7 +101,7 @@
         for (const p of pairs.slice(0, n)) body.appendChild(pairRow(ra, rb, p, first(p)));
       }
       draw(TABLE_ROWS);
-      root.appendChild(table);
+      root.appendChild(V.scrollTable(table));
       if (pairs.length > TABLE_ROWS) {
         const more = V.el("button", { type: "button" }, "show all " + pairs.length + " pairs");
         more.addEventListener("click", function () { draw(pairs.length); more.remove(); });
@@ -104,17 +111,19 @@
   }
 
   // One side of one step row: the step as the episode page draws it, or why there is none.
-  function side(ep, data, steps, t, q, mode, diverge) {
-    if (!ep) return V.el("div", { className: "side missing" }, t === 0 ? "no such episode in this run" : "");
-    if (!data) return V.el("div", { className: "side missing" }, t === 0 ? "no trajectory recorded" : "");
+  // letter: "A" or "B", shown before each side where the sides stack (narrow screens).
+  function side(letter, ep, data, steps, t, q, mode, diverge) {
+    const tag = V.el("span", { className: "side-tag" }, letter);
+    if (!ep) return V.el("div", { className: "side missing" }, t === 0 ? [tag, "no such episode in this run"] : "");
+    if (!data) return V.el("div", { className: "side missing" }, t === 0 ? [tag, "no trajectory recorded"] : "");
     if (t === steps.length) {
-      return V.el("div", { className: "side final" }, V.el("div", { className: "step-head" }, "episode over: final observation"),
+      return V.el("div", { className: "side final" }, V.el("div", { className: "step-head" }, tag, "episode over: final observation"),
         V.observation(data.final, q, mode === "compact" && t > 0 ? steps[t - 1].observation : null, t - 1));
     }
     const s = steps[t];
-    if (!s) return V.el("div", { className: "side missing" });
+    if (!s) return V.el("div", { className: "side missing empty" });
     return V.el("div", { className: "side" + (diverge ? " diverge" : "") },
-      V.el("div", { className: "step-head" }, V.stepFlags(s), V.el("span", { className: "spacer" }), V.afterAction(s)),
+      V.el("div", { className: "step-head" }, tag, V.stepFlags(s), V.el("span", { className: "spacer" }), V.afterAction(s)),
       V.stepBody(s, t, data.adm, q, mode === "compact" && t > 0 ? steps[t - 1] : null));
   }
 
@@ -141,12 +150,13 @@
         }
         root.appendChild(V.el("h2", null, env + " · seed " + seed + (Number(sample) ? " · sample " + sample : "")));
         root.appendChild(V.el("p", { id: "divergence", className: "note" }, div === null ? "One side has no trajectory." : div < 0
-          ? "Both runs took the same actions." : "The actions first differ at step " + div + "."));
+          ? "Both runs took the same actions." : ["The actions first differ at step " + div + ". ",
+            V.el("button", { type: "button", id: "goto-diff", onclick: function () { select(div, true); } }, "show it (d)")]));
         root.appendChild(V.el("p", { className: "nav" },
           V.el("button", { type: "button", id: "prev-pair", disabled: at <= 0, onclick: function () { go(-1); } }, "◀ previous pair (K)"),
           V.el("span", { className: "note" }, at < 0 ? "" : " " + (at + 1) + " of " + pairs.length + " "),
           V.el("button", { type: "button", id: "next-pair", disabled: at < 0 || at >= pairs.length - 1, onclick: function () { go(1); } }, "next pair (J) ▶"),
-          V.el("span", { className: "note" }, "  j/k: steps · c: compact/full · ?: keys")));
+          V.el("span", { className: "note" }, "  j/k: steps · d: first difference · c: compact/full · ?: keys")));
 
         const n = Math.max(sa.length + (d[0] ? 1 : 0), sb.length + (d[1] ? 1 : 0), 1);
         const auto = Math.max(sa.length, sb.length) >= V.COMPACT_FROM ? "compact" : "full";
@@ -176,7 +186,7 @@
             const first = t === div;
             frag.appendChild(V.el("div", { className: "cmp-row aligned" + (first ? " first-diff" : ""), id: "cmp-step-" + t, dataset: { t: t } },
               V.el("div", { className: "cmp-t" }, V.el("a", { className: "t", href: "#" }, String(t)), first ? V.el("div", { className: "badge diverge" }, "first difference") : null),
-              side(ea, d[0], sa, t, "", mode, first), side(eb, d[1], sb, t, "", mode, first)));
+              side("A", ea, d[0], sa, t, "", mode, first), side("B", eb, d[1], sb, t, "", mode, first)));
           }
           rows.appendChild(frag);
           if (cur >= 0) { const t = cur; cur = -1; select(t, false); }
@@ -202,19 +212,16 @@
         draw();
         const want = params.get("step");
         if (want !== null && want !== "" && !Number.isNaN(Number(want))) select(Number(want), true);
-        else if (div !== null && div >= 0) {
-          cur = div;
-          for (const tl of tls) if (tl) tl.setCurrent(div);
-          const row = document.getElementById("cmp-step-" + div);
-          row.classList.add("current");
-          row.scrollIntoView({ block: "center" });
-        }
+        // A pair opens at the top (heading, run pickers, the note on the first difference), that step marked
+        // current and in the address; d (or the note's button) scrolls to it.
+        else if (div !== null && div >= 0) select(div, false);
         V.onKey = function (e) {
           if (e.key === "j") { select(cur + 1, true); return true; }
           if (e.key === "k") { select(cur < 0 ? 0 : cur - 1, true); return true; }
           if (e.key === "J") { go(1); return true; }
           if (e.key === "K") { go(-1); return true; }
           if (e.key === "c") { modeBtn.el.click(); return true; }
+          if (e.key === "d" && div !== null && div >= 0) { select(div, true); return true; }
           return false;
         };
       });

@@ -188,6 +188,32 @@
   };
   V.summaryOnly = "This run is a summary only: its folder holds summary.json but no episodes.jsonl or trajectories " +
     "(a leaderboard submission may carry just its summary), so there are no episodes to list or compare; its per-task results are all there is.";
+  // Why a run has no episode to list: no episodes.jsonl at all (a summary only), or one with no readable record.
+  V.noEpisodes = function (run) {
+    if (run.episodes_file === "empty") {
+      return "This run's episodes.jsonl is empty (the run was stopped before its first episode ended, or the file was emptied), " +
+        "so there are no episodes to list or compare; its summary's per-task results are all there is.";
+    }
+    if (run.episodes_file === "present") {
+      return "No line of this run's episodes.jsonl could be read as an episode of this run (see the warnings on its run page), " +
+        "so there are no episodes to list or compare; its summary's per-task results are all there is.";
+    }
+    return V.summaryOnly;
+  };
+  // What could not be read of a run (torn or invalid lines, a cut-off trajectories file), as a box; null if nothing.
+  V.warningsBox = function (run) {
+    const w = run.warnings || [];
+    if (!w.length) return null;
+    return V.el("div", { className: "warnings", id: "run-warnings", role: "note" },
+      V.el("b", null, "Damaged run: " + w.length + (w.length === 1 ? " thing" : " things") + " could not be read and " +
+        (w.length === 1 ? "is" : "are") + " left out"),
+      V.el("ul", null, w.slice(0, 50).map(function (x) { return V.el("li", null, V.el("code", null, String(x))); }),
+        w.length > 50 ? V.el("li", null, "… and " + (w.length - 50) + " more (the build printed them all)") : null));
+  };
+  // A wide table in a box of its own that scrolls sideways, its first column kept in view (CSS: .table-scroll).
+  V.scrollTable = function (table, id) {
+    return V.el("div", { className: "table-scroll", id: id }, table);
+  };
   V.outcomeBadge = function (outcome) { return V.el("span", { className: "badge " + outcome }, outcome); };
   // First step index where two action lists differ; -1 when identical.
   V.firstDivergence = function (a, b) {

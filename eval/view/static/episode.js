@@ -15,6 +15,19 @@
       ep.error ? V.el("p", { className: "error" }, "Error: ", V.el("code", null, ep.error)) : null);
   };
 
+  // Why an episode has no steps to show: none recorded, or lost where the trajectories file was cut off.
+  V.noTrajectory = function (run) {
+    if (run.trajectories_file === "cut") {
+      return "This episode's trajectory is lost: the run's trajectories.jsonl.gz was cut off (a killed run, or a copy cut short) " +
+        "before its record, so its steps cannot be shown; `python -m eval.run ... --resume` repairs the file. " +
+        "Its summary is all there is.";
+    }
+    if (run.trajectories_file === "present") {
+      return "The run's trajectories.jsonl.gz holds no record of this episode (it was recorded in episodes.jsonl only), so its summary is all there is.";
+    }
+    return "No trajectory was recorded for this episode (an older run, or written with --trajectories none): its summary is all there is.";
+  };
+
   V.pages.episode = function (params, root, current) {
     const run = V.run(params.get("run"));
     const env = params.get("task") || "", seed = params.get("seed"), sample = params.get("sample") || "0";
@@ -42,7 +55,7 @@
           V.el("button", { type: "button", id: "next-ep", disabled: at < 0 || at >= order.length - 1, onclick: function () { go(1); } }, "next episode (J) ▶"),
           V.el("span", { className: "note" }, "  j/k: steps · n/N: matches · ?: keys")));
         if (!data) {
-          root.appendChild(V.el("p", { className: "note" }, "No trajectory was recorded for this episode (an older run, or written with --trajectories none): its summary is all there is."));
+          root.appendChild(V.el("p", { className: "note", id: "no-trajectory" }, V.noTrajectory(run)));
           V.onKey = function (e) {
             if (e.key === "J") { go(1); return true; }
             if (e.key === "K") { go(-1); return true; }

@@ -3,12 +3,13 @@
 (function () {
   const V = window.CRLVIEW;
   const ROW = 28; // px; fixed so only the visible rows need to exist
+  // Sort keys; ties keep the list's own order (task, seed, sample) in either direction.
   const SORTS = {
-    "": function (a, b) { return a.i - b.i; },
-    actions: function (a, b) { return (a.actions || 0) - (b.actions || 0) || a.i - b.i; },
-    progress: function (a, b) { return (a.progress || 0) - (b.progress || 0) || a.i - b.i; },
-    reward: function (a, b) { return (a.reward || 0) - (b.reward || 0) || a.i - b.i; },
-    tokens: function (a, b) { return (a.tokens_out || 0) - (b.tokens_out || 0) || a.i - b.i; },
+    "": function (e) { return e.i; },
+    actions: function (e) { return e.actions || 0; },
+    progress: function (e) { return e.progress || 0; },
+    reward: function (e) { return e.reward || 0; },
+    tokens: function (e) { return e.tokens_out || 0; },
   };
 
   V.filterEpisodes = function (episodes, f, texts) {
@@ -19,10 +20,8 @@
       return (!f.task || e.env === f.task) && (!f.outcome || e.outcome === f.outcome) &&
         (e.actions || 0) >= min && (e.actions || 0) <= max && (!q || (texts && texts[e.i].includes(q)));
     });
-    const cmp = SORTS[f.sort] || SORTS[""];
-    out = out.sort(cmp);
-    if (f.dir === "desc") out.reverse();
-    return out;
+    const key = SORTS[f.sort] || SORTS[""], sign = f.dir === "desc" ? -1 : 1;
+    return out.sort(function (a, b) { return sign * (key(a) - key(b)) || (f.sort ? a.i - b.i : 0); });
   };
 
   V.pages.episodes = function (params, root, current) {
@@ -31,7 +30,7 @@
     document.title = "Episodes · " + run.label;
     if (!run.episodes) {
       root.appendChild(V.el("h1", null, "Episodes of " + run.label));
-      root.appendChild(V.el("p", { className: "note", id: "summary-only" }, V.summaryOnly));
+      root.appendChild(V.el("p", { className: "note", id: "summary-only" }, V.noEpisodes(run)));
       return null;
     }
     const f = { task: params.get("task") || "", outcome: params.get("outcome") || "", min: params.get("min") || "",
@@ -55,9 +54,10 @@
     root.appendChild(count);
     const head = V.el("div", { className: "vhead" }, ["task", "seed", "sample", "outcome", "progress", "reward", "actions", "invalid", "tokens out"]
       .map(function (h) { return V.el("span", null, h); }));
+    // The head lives inside the list (sticky at its top) so head and rows share one width and scroll sideways
+    // together on a narrow screen; the list is as tall as its rows, up to what the window leaves.
     const spacer = V.el("div", { className: "vspacer" });
-    const list = V.el("div", { id: "episode-list", className: "vlist", tabindex: "0" }, spacer);
-    root.appendChild(head);
+    const list = V.el("div", { id: "episode-list", className: "vlist", tabindex: "0" }, head, spacer);
     root.appendChild(list);
 
     let idx = null, shown = [], texts = null, cursor = 0, drawn = Object.create(null);
@@ -89,6 +89,7 @@
       for (const p of Object.keys(drawn)) drawn[p].remove();
       drawn = Object.create(null);
       spacer.style.height = shown.length * ROW + "px";
+      list.style.height = (Math.max(shown.length, 1) + 1) * ROW + 2 + "px"; // rows, head and borders; CSS caps it
       paint();
     }
     let ticking = false;
@@ -127,8 +128,9 @@
     function moveCursor(d) {
       if (!shown.length) return;
       cursor = Math.max(0, Math.min(shown.length - 1, cursor + d));
+      // row p lies at (p + 1) * ROW, below the sticky head
       if (cursor * ROW < list.scrollTop) list.scrollTop = cursor * ROW;
-      else if ((cursor + 1) * ROW > list.scrollTop + list.clientHeight) list.scrollTop = (cursor + 1) * ROW - list.clientHeight;
+      else if ((cursor + 2) * ROW > list.scrollTop + list.clientHeight) list.scrollTop = (cursor + 2) * ROW - list.clientHeight;
       for (const p of Object.keys(drawn)) drawn[p].classList.toggle("cursor", Number(p) === cursor);
       paint();
     }

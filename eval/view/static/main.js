@@ -30,7 +30,7 @@
         V.el("td", { className: "path" }, r.folder)));
     }
     table.appendChild(body);
-    root.appendChild(table);
+    root.appendChild(V.scrollTable(table));
     if (site.runs.length > 1) root.appendChild(V.el("p", null, V.el("a", { href: V.link("compare", {}) }, "Compare two runs side by side")));
   };
 
@@ -67,7 +67,7 @@
       V.el("dl", null, [["j / k", "next / previous step (episode, compare; the episode list: row)"],
         ["J / K", "next / previous episode (in the list's order; in compare, the next task/seed pair)"],
         ["n / N", "next / previous search match in the episode"], ["f", "find in this episode"],
-        ["c", "compact (repeated lines folded, changes marked) or full text"],
+        ["c", "compact (repeated lines folded, changes marked) or full text"], ["d", "compare: go to the first differing step"],
         ["/", "search episodes"], ["?", "this help"], ["Esc", "close help, leave the search box"]]
         .map(function (kv) { return [V.el("dt", null, V.el("kbd", null, kv[0])), V.el("dd", null, kv[1])]; }))));
   document.body.appendChild(help);

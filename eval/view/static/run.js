@@ -33,12 +33,13 @@
     const agent = s.agent || {};
     root.appendChild(V.el("p", { className: "meta" }, "agent " + (agent.name || "?") + (model(s) ? " · model " + model(s) : "") +
       " · created " + (s.created || "?") + " · git " + (s.git_sha || "n/a") + " · summary schema " + (s.schema_version || "?")));
+    V.append(root, V.warningsBox(run));
     // A summary-only run (a leaderboard submission of summary.json alone) offers no lists it could not fill.
     root.appendChild(run.episodes ? V.el("p", { className: "actions" },
       V.el("a", { className: "button", href: V.link("episodes", { run: run.id }) }, "Episodes (" + run.episodes + ")"),
       run.trajectories ? null : V.el("span", { className: "note" }, " This run has no trajectories: each episode's summary only."),
       V.site().runs.length > 1 ? V.el("a", { className: "button", href: V.link("compare", { a: run.id }) }, "Compare with another run") : null)
-      : V.el("p", { className: "note", id: "summary-only" }, V.summaryOnly));
+      : V.el("p", { className: "note", id: "summary-only" }, V.noEpisodes(run)));
     const tasks = s.tasks || {};
     const passK = Object.keys(tasks).some(function (e) { return tasks[e].pass_at_k && Object.keys(tasks[e].pass_at_k).length; });
     const head = ["task", "episodes", "success % ± SE", "progress % ± SE", "mean actions", "invalid", "tokens in / out",
@@ -61,7 +62,7 @@
     body.appendChild(V.el("tr", { className: "macro" }, V.el("td", null, "macro average (" + (m.tasks || 0) + " tasks)"), V.el("td"),
       V.el("td", { className: "num" }, V.pct(m.success) + " ± " + V.pct(m.success_se)), V.el("td", { className: "num" }, V.pct(m.progress)),
       V.el("td"), V.el("td"), V.el("td"), V.el("td"), V.el("td"), passK ? V.el("td") : null));
-    root.appendChild(V.el("table", { className: "grid" }, V.el("thead", null, V.el("tr", null, head.map(function (h) { return V.el("th", null, h); }))), body));
+    root.appendChild(V.scrollTable(V.el("table", { className: "grid" }, V.el("thead", null, V.el("tr", null, head.map(function (h) { return V.el("th", null, h); }))), body), "task-table"));
     root.appendChild(V.el("h2", null, "Success per task"));
     root.appendChild(chart(tasks));
     const errors = s.errors || [];

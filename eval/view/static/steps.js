@@ -40,7 +40,10 @@
   }
 
   // What changed from line a to line b, as ranges of b: each differing cell of a map row of equal width,
-  // else the span between the common start and end.
+  // else the span between the common start and end, widened to whole words ("right" -> "left" marks "left",
+  // not the "lef" a common final "t" would leave).
+  const WORD = /[\p{L}\p{N}_]/u;
+  V.changes = changes;
   function changes(a, b, mapRow) {
     if (a === undefined) return b.length ? [[0, b.length, "chg"]] : [];
     if (a === b) return [];
@@ -56,7 +59,11 @@
     let p = 0, s = 0;
     while (p < a.length && p < b.length && a[p] === b[p]) p++;
     while (s < a.length - p && s < b.length - p && a[a.length - 1 - s] === b[b.length - 1 - s]) s++;
-    return b.length - s > p ? [[p, b.length - s, "chg"]] : [];
+    let end = b.length - s;
+    if (end <= p) return []; // only deleted text: nothing of b to mark
+    while (p > 0 && WORD.test(b[p - 1]) && WORD.test(b[p])) p--;
+    while (end < b.length && WORD.test(b[end]) && WORD.test(b[end - 1])) end++;
+    return [[p, end, "chg"]];
   }
 
   function foldLabel(lines, mapRows) {
@@ -130,10 +137,13 @@
     if (turn.policy_version !== undefined) meta.push("policy v" + turn.policy_version);
     if (typeof turn.temperature === "number") meta.push("temperature " + V.fmt(turn.temperature));
     if (turn.score_norm) meta.push("score " + turn.score_norm);
-    if (typeof turn.action_logprob === "number") meta.push("log p(action) " + V.fmt(turn.action_logprob, 3));
+    if (typeof turn.action_logprob === "number") {
+      meta.push(V.el("span", { className: "q-label", title: "log p(action): the natural log of the chosen candidate's prob " +
+        "(the policy's log-probability of the action it took, as training uses it)" }, "log p(action) " + V.fmt(turn.action_logprob, 3)));
+    }
     if (turn.n_prompt_token_ids !== undefined) meta.push(turn.n_prompt_token_ids + " prompt tokens");
     if (turn.n_token_ids !== undefined) meta.push(turn.n_token_ids + " reply tokens");
-    out.push(V.el("div", { className: "turn-meta" }, meta.join(" · ")));
+    out.push(V.el("div", { className: "turn-meta" }, meta.map(function (m, i) { return i ? [" · ", m] : m; })));
     const cands = Array.isArray(turn.candidates) ? turn.candidates : [];
     const searches = Array.isArray(turn.searches) ? turn.searches : [];
     if (cands.length) {
@@ -143,10 +153,18 @@
         bar.style.width = p === null ? "0" : Math.max(0, Math.min(100, 100 * p)).toFixed(1) + "%";
         return V.el("tr", { className: i === turn.chosen ? "chosen" : "" }, V.el("td", null, i === turn.chosen ? "▶" : ""),
           V.el("td", null, V.marked("code", null, String(c.text), q)), V.el("td", { className: "pcell" }, V.el("div", { className: "ptrack" }, bar)),
-          V.el("td", { className: "num" }, p === null ? "–" : p > 0 && p < 0.001 ? p.toExponential(1) : p.toFixed(3)), V.el("td", { className: "num" }, V.fmt(c.logprob, 2)));
+          V.el("td", { className: "num prob" }, p === null ? "–" : p > 0 && p < 0.001 ? p.toExponential(1) : p.toFixed(3)), V.el("td", { className: "num logprob" }, V.fmt(c.logprob, 2)));
       });
-      out.push(V.el("table", { className: "candidates" }, V.el("thead", null, V.el("tr", null, ["", "candidate", "", "prob", "log-prob"]
-        .map(function (h) { return V.el("th", null, h); }))), V.el("tbody", null, rows)));
+      const temp = typeof turn.temperature === "number" ? " at temperature " + V.fmt(turn.temperature) : " at the agent's temperature";
+      const heads = [["", "c-mark"], ["candidate", "c-text"], ["", "c-bar"],
+        ["prob", "c-prob", "prob: the policy's probability of this candidate, its score normalised over these candidates" + temp +
+          " (softmax of log-prob / temperature); the column sums to 1"],
+        ["seq log\u2011prob", "c-logprob", "seq log-prob: the model's raw log-probability of the candidate's tokens, " +
+          (turn.score_norm === "mean" ? "averaged over them (score mean)" : "summed over them") +
+          "; not normalised over the candidates, so exp(seq log-prob) is not prob"]];
+      out.push(V.el("table", { className: "candidates" }, V.el("thead", null, V.el("tr", null, heads.map(function (h) {
+        return V.el("th", { className: h[1], title: h[2] }, h[2] ? V.el("span", { className: "q-label" }, h[0]) : h[0]);
+      }))), V.el("tbody", null, rows)));
     }
     if (searches.length) {
       out.push(V.el("div", { className: "searches" }, searches.map(function (x) {
@@ -240,6 +258,9 @@
     });
     V.append(strip, marks);
     for (let t = steps.length; t < (slots || 0); t++) strip.appendChild(V.el("span", { className: "mark pad", "aria-hidden": "true" }));
+    // Every mark gets the same width (CSS: the strip's width over --n marks, within the min and max), so a strip
+    // that wraps on a narrow screen wraps into rows of equal marks.
+    strip.style.setProperty("--n", String(Math.max(steps.length, slots || 0, 1)));
     strip.addEventListener("click", function (e) {
       const m = e.target.closest && e.target.closest(".mark");
       if (m) pick(Number(m.dataset.t));
@@ -264,7 +285,8 @@
 
   // Keep sticky bars from covering what a jump scrolls to: steps scroll to just below the header and bar.
   V.stickyOffset = function (bar) {
-    const head = document.getElementById("top").offsetHeight, style = document.documentElement.style;
+    const top = document.getElementById("top"), style = document.documentElement.style;
+    const head = getComputedStyle(top).position === "sticky" ? top.offsetHeight : 0; // a phone's header scrolls away
     style.setProperty("--head-h", head + "px");
     style.setProperty("--sticky-h", head + (bar ? bar.offsetHeight : 0) + 8 + "px");
   };
