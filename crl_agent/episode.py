@@ -1,5 +1,5 @@
 """Episodes as data: what a policy knows before an episode (:class:`EpisodeContext`), each step
-(:class:`Step`, with the :class:`ScoredTurn` a scoring policy decided by) and the finished episode
+(:class:`Step`, with the :class:`ScoredTurn` decisions a scoring policy made) and the finished episode
 (:class:`Episode`).
 
 A leaf module (it imports nothing of crl_agent): agents (:mod:`crl_agent.agents.base`), the rollout
@@ -16,6 +16,7 @@ from typing import Any
 
 SUMMARY_FIELDS = ("env_id", "seed", "sample", "success", "progress", "reward", "actions", "invalid_actions",
                   "terminated", "truncated", "wall_time_s", "error", "tokens_in", "tokens_out", "extra")
+_UNRECORDED_STEP_FIELDS = ("scored", "tool_choices")  # typed decisions: the turn trace records them
 
 
 def episode_key(env_id: str, seed: int, sample: int = 0) -> str:
@@ -66,7 +67,8 @@ class ScoredTurn:
     Its :meth:`trace` is what the episode's trajectory records of it.
 
     Attributes:
-        candidates: the texts scored (the admissible actions, then any tool candidates).
+        candidates: the texts scored (the admissible actions, then any tool candidates, e.g. the ``crl``
+            agent's ``<search>``); a decision that chose a tool is one of its step's ``tool_choices``.
         logprobs: each candidate's score (normalised as ``score_norm`` says).
         probs: the policy's probability of each, ``softmax(logprobs / temperature)``.
         chosen: the index picked.
@@ -104,6 +106,11 @@ class ScoredTurn:
             "candidate_token_ids": self.candidate_token_ids,
         }
 
+    def choice_trace(self) -> dict[str, Any]:
+        """A tool choice as the turn trace lists it under ``tool_choices``: :meth:`trace` without the token
+        ids (text-mode trajectories drop those only at the top of a turn)."""
+        return {k: v for k, v in self.trace().items() if k not in ("prompt_token_ids", "candidate_token_ids")}
+
 
 @dataclass
 class Step:
@@ -123,6 +130,13 @@ class Step:
     turn: dict[str, Any] | None = None
     scored: ScoredTurn | None = None  # the decision, typed, when the policy scored the actions (not recorded:
     # ``turn`` holds its trace)
+    tool_choices: list[ScoredTurn] = field(default_factory=list)  # scored decisions before ``scored`` that chose
+    # a tool (search-and-ask), in order (not recorded: ``turn["tool_choices"]`` holds their traces)
+
+    @property
+    def decisions(self) -> list[ScoredTurn]:
+        """Every scored decision of this step, in order: the tool choices, then the one that picked the action."""
+        return [*self.tool_choices, *([self.scored] if self.scored is not None else [])]
 
 
 @dataclass
@@ -168,7 +182,7 @@ class Episode:
         (``dataclasses.asdict``'s deep copy cost 9 ms per 100-step episode).
         """
         out = {k: getattr(self, k) for k in (*SUMMARY_FIELDS, "task", "agent", "final_observation")}
-        out["steps"] = [{k: v for k, v in vars(s).items() if k != "scored"} for s in self.steps]
+        out["steps"] = [{k: v for k, v in vars(s).items() if k not in _UNRECORDED_STEP_FIELDS} for s in self.steps]
         return out
 
 

@@ -8,7 +8,8 @@ anything with async ``reset``/``step``) with an agent's policy and returns an :c
   ``info``, and the policy's **turn trace** (what :meth:`Policy.turn_trace` returned after that
   action: for the ``llm``/``crl`` agents the messages as sent, the raw reply, token ids and
   log-probs, scored candidates, experience shown, searches) and, for a scoring policy, its
-  :class:`~crl_agent.episode.ScoredTurn` (:meth:`Policy.scored_turn`: what a trainer learns from);
+  :class:`~crl_agent.episode.ScoredTurn` (:meth:`Policy.scored_turn`, and :meth:`Policy.tool_choices`
+  for its decisions to call a tool first: what a trainer learns from);
 - the final observation, and the summary the harness records in ``episodes.jsonl``.
 
 :func:`play` drives many episodes at once on an env pool (:func:`open_pool`), each on a free slot of
@@ -98,6 +99,12 @@ def _scored_of(policy: Any) -> ScoredTurn | None:
     return scored if isinstance(scored, ScoredTurn) else None
 
 
+def _tool_choices_of(policy: Any) -> list[ScoredTurn]:
+    choices_fn = getattr(policy, "tool_choices", None)
+    choices = choices_fn() if choices_fn is not None else None
+    return [c for c in choices or () if isinstance(c, ScoredTurn)]
+
+
 async def run_episode(
     env: EnvSlot,
     agent: Agent,
@@ -133,7 +140,7 @@ async def run_episode(
             action = await pending
             where = f"{ctx.env_id}#{ctx.seed}#{ctx.sample} step {len(ep.steps)}"
             turn = _trace_of(policy, f"{where} turn")
-            scored = _scored_of(policy)
+            scored, tool_choices = _scored_of(policy), _tool_choices_of(policy)
             admissible = info.get("admissible_actions")
             prev_obs = obs
             obs, reward, term, trunc, info = await env.step(action)
@@ -152,6 +159,7 @@ async def run_episode(
                 info=json_safe({k: v for k, v in info.items() if k not in STEP_INFO_KEYS}, f"{where} info"),
                 turn=turn,
                 scored=scored,
+                tool_choices=tool_choices,
             )
             ep.steps.append(step)
             ep.final_observation = obs

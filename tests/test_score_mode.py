@@ -168,3 +168,55 @@ def test_crl_agent_can_search_in_score_mode(tmp_path):
     assert turn["searches"][0]["question"] == "Which way to push?" and turn["searches"][0]["answer"]
     assert SEARCH_CANDIDATE not in [c["text"] for c in turn["candidates"]], "no searches left: rescored without it"
     assert ep.extra["searches"] == 1
+
+
+def test_each_scored_decision_of_a_turn_is_a_scored_turn_the_trainer_learns_from(tmp_path):
+    """Issue 38 item 1: choosing to search is a decision of its own (its candidates, probs, chosen index and
+    log-probs), and so is choosing an action while search was a candidate; both reach turn_samples."""
+    pytest.importorskip("hnswlib")
+    from crl_agent.agents.crl import SEARCH_CANDIDATE, CRLAgent
+    from crl_agent.rl.batches import turn_samples
+
+    class SearchFirstTurn(PreferenceLLM):
+        async def score_full(self, messages, candidates):
+            res = await super().score_full(messages, candidates)
+            if SEARCH_CANDIDATE in candidates and len(self.score_calls) == 1:  # search at the first decision only
+                res.logprobs[candidates.index(SEARCH_CANDIDATE)] = 20.0
+            return res
+
+    llm = SearchFirstTurn({"left": 0.0, "up": -1.0}, reply="Which way to push?")
+
+    async def go():
+        agent = CRLAgent(llm=llm, embedder="hash", run_dir=str(tmp_path / "run"), temperature=1.0, max_tool_calls=2)
+        try:
+            agent.bank.add(SOKOBAN, "Push left", "If the box is right of you, then push left.")
+            env = gym.make(SOKOBAN, max_episode_steps=2)
+            return await run_episode(CallableSlot(env), agent, EpisodeContext(SOKOBAN, 0))
+        finally:
+            await agent.aclose()
+
+    ep = asyncio.run(go())
+    assert ep.error is None and ep.extra["searches"] == 1
+    first, second = ep.steps
+    (search,) = first.tool_choices
+    assert search.candidates[search.chosen] == SEARCH_CANDIDATE
+    assert search.action_logprob == pytest.approx(np.log(search.probs[search.chosen]))
+    assert search.behaviour_logprob == pytest.approx(search.action_logprob)
+    assert len(search.candidate_token_ids) == len(search.candidates) and search.prompt_token_ids == [1, 2, 3]
+    assert first.scored is not None and first.scored.candidates[first.scored.chosen] == first.action
+    assert first.decisions == [search, first.scored]
+    # the second step did not search, but search was one of its candidates: choosing not to is trained too
+    assert not second.tool_choices and SEARCH_CANDIDATE in second.scored.candidates
+    assert second.decisions == [second.scored]
+    # the trace lists the tool choice (without token ids) beside the searches; the episode record is unchanged
+    (traced,) = first.turn["tool_choices"]
+    assert traced["chosen"] == search.chosen and traced["candidates"][search.chosen]["text"] == SEARCH_CANDIDATE
+    assert "prompt_token_ids" not in traced and first.turn["searches"][0]["question"] == "Which way to push?"
+    assert first.turn["chosen"] == first.scored.chosen
+    assert not {"scored", "tool_choices"} & set(ep.to_dict()["steps"][0])
+    # every decision becomes a sample carrying the episode's advantage (turn weighting: each weighs the same)
+    batch = turn_samples([ep], [0.5], weighting="turn")
+    assert [s.chosen for s in batch.samples] == [search.chosen, first.scored.chosen, second.scored.chosen]
+    assert [s.candidate_ids for s in batch.samples][0] == search.candidate_token_ids
+    assert [s.old_logprobs for s in batch.samples][0] == [search.action_logprob]
+    assert all(s.advantage == pytest.approx(0.5) for s in batch.samples) and batch.loss_weight == 3.0

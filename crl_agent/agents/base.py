@@ -48,6 +48,12 @@ class Policy(abc.ABC):
         trainer learns from), else ``None``. Called once right after each ``act``, beside :meth:`turn_trace`."""
         return None
 
+    def tool_choices(self) -> list[ScoredTurn]:
+        """The last :meth:`act`'s scored decisions that chose a tool (e.g. search-and-ask) before the one
+        :meth:`scored_turn` returns, in order (a trainer learns when a tool pays from them); ``[]`` for
+        none. Called once right after each ``act``, beside :meth:`scored_turn`."""
+        return []
+
     def usage(self) -> dict[str, int]:
         """Token counts for this episode (``tokens_in``, ``tokens_out``)."""
         return {"tokens_in": 0, "tokens_out": 0}

@@ -44,6 +44,7 @@ from crl_agent import prompts
 from crl_agent.agents.base import Agent, Policy
 from crl_agent.episode import EpisodeContext, ScoredTurn
 from crl_agent.llm import LLM, Completion, Message, SamplingParams, make_llm
+from crl_agent.llm.base import ScoreResult
 
 ACTION_MODES = ("auto", "score", "generate")
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
@@ -137,6 +138,7 @@ class Turn:
     valid: bool | None = None  # whether the env accepted the action (known at the next step)
     trace: dict[str, Any] = field(default_factory=dict)  # subclass additions (experience shown, searches)
     scored: ScoredTurn | None = None  # score mode: the decision (its trace is part of the turn's)
+    tool_choices: list[ScoredTurn] = field(default_factory=list)  # score mode: decisions before it that chose a tool
 
 
 class LLMPolicy(Policy):
@@ -247,41 +249,26 @@ class LLMPolicy(Policy):
     def _rng(self) -> np.random.Generator:
         return np.random.default_rng(self._params().seed)
 
-    async def _act_by_score(self, obs: str, info: dict[str, Any]) -> str:
-        """Pick an action by a softmax over the admissible actions' log-probabilities as replies (GLAM)."""
+    def _sample_scored(self, candidates: list[str], result: ScoreResult) -> ScoredTurn:
+        """Sample one decision from ``softmax(scores / temperature)`` over ``candidates`` (mixed with uniform when
+        exploring; the argmax at temperature 0), with the log-probs a trainer replays it from."""
         agent = self.agent
-        actions = list(dict.fromkeys(a for a in info["admissible_actions"] if isinstance(a, str) and a.strip()))
-        if not actions:
-            raise ValueError(f"no usable admissible action to score in {info['admissible_actions']!r}")
-        scratch: list[Message] = []
-        while True:
-            tools = self.score_tools(info)
-            candidates = actions + [t for t in tools if t not in actions]
-            messages = self.build_messages(obs, info, scratch)
-            result = await agent.llm.score_full(messages, candidates)
-            self.llm_calls += 1
-            self.tokens_in += len(result.prompt_token_ids) + sum(result.token_counts)
-            scores = np.asarray(result.normalised(agent.score_norm), dtype=np.float64)
-            behaviour = None
-            if agent.temperature > 0:
-                z = scores / agent.temperature
-                probs = np.exp(z - z.max())
-                probs /= probs.sum()
-                behaviour = probs
-                explore = agent.explore if self.ctx.explore is None else self.ctx.explore
-                if explore > 0:  # RL exploration: sample from the policy mixed with uniform
-                    behaviour = (1 - explore) * probs + explore / len(probs)
-                chosen = int(self._rng().choice(len(candidates), p=behaviour))
-            else:
-                probs = (scores == scores.max()).astype(np.float64)
-                probs /= probs.sum()
-                chosen = int(np.argmax(scores))
-            if chosen < len(actions):
-                break
-            self.tool_calls += 1
-            scratch += await self.on_score_tool(candidates[chosen], messages, info)
-        action = actions[chosen]
-        scored = ScoredTurn(
+        scores = np.asarray(result.normalised(agent.score_norm), dtype=np.float64)
+        behaviour = None
+        if agent.temperature > 0:
+            z = scores / agent.temperature
+            probs = np.exp(z - z.max())
+            probs /= probs.sum()
+            behaviour = probs
+            explore = agent.explore if self.ctx.explore is None else self.ctx.explore
+            if explore > 0:  # RL exploration: sample from the policy mixed with uniform
+                behaviour = (1 - explore) * probs + explore / len(probs)
+            chosen = int(self._rng().choice(len(candidates), p=behaviour))
+        else:
+            probs = (scores == scores.max()).astype(np.float64)
+            probs /= probs.sum()
+            chosen = int(np.argmax(scores))
+        return ScoredTurn(
             candidates=list(candidates), logprobs=[float(lp) for lp in scores], probs=[float(p) for p in probs],
             chosen=chosen,
             action_logprob=float(np.log(max(probs[chosen], 1e-300))),  # the policy's own (PPO's old log-prob)
@@ -289,10 +276,41 @@ class LLMPolicy(Policy):
             temperature=agent.temperature, score_norm=agent.score_norm, policy_version=result.policy_version,
             prompt_token_ids=result.prompt_token_ids, candidate_token_ids=result.candidate_token_ids,
         )
+
+    async def _act_by_score(self, obs: str, info: dict[str, Any]) -> str:
+        """Pick an action by a softmax over the admissible actions' log-probabilities as replies (GLAM).
+
+        A subclass's tools (:meth:`score_tools`) are candidates beside the actions: a decision that picks
+        one runs it (:meth:`on_score_tool`) and the policy scores again with its exchange in the prompt.
+        Every decision is a :class:`ScoredTurn`: the one that picked the action is the turn's ``scored``,
+        those that picked a tool before it its ``tool_choices`` (in order), so a trainer learns when a tool
+        is worth calling as it learns the actions.
+        """
+        agent = self.agent
+        actions = list(dict.fromkeys(a for a in info["admissible_actions"] if isinstance(a, str) and a.strip()))
+        if not actions:
+            raise ValueError(f"no usable admissible action to score in {info['admissible_actions']!r}")
+        scratch: list[Message] = []
+        tool_choices: list[ScoredTurn] = []  # decisions of this turn that chose a tool, each a trained turn too
+        while True:
+            tools = self.score_tools(info)
+            candidates = actions + [t for t in tools if t not in actions]
+            messages = self.build_messages(obs, info, scratch)
+            result = await agent.llm.score_full(messages, candidates)
+            self.llm_calls += 1
+            self.tokens_in += len(result.prompt_token_ids) + sum(result.token_counts)
+            scored = self._sample_scored(candidates, result)
+            if scored.chosen < len(actions):
+                break
+            tool_choices.append(scored)
+            self.tool_calls += 1
+            scratch += await self.on_score_tool(candidates[scored.chosen], messages, info)
+        action = actions[scored.chosen]
         hist_tokens = agent.llm.count_tokens(action) + 16
         if agent.history_style == "full":
             hist_tokens += agent.llm.count_tokens(obs)
-        self.turns.append(Turn(obs, action, action, "score", messages, [], hist_tokens, scored=scored))
+        self.turns.append(Turn(obs, action, action, "score", messages, [], hist_tokens, scored=scored,
+                               tool_choices=tool_choices))
         self._feedback = ""
         return action
 
@@ -354,11 +372,16 @@ class LLMPolicy(Policy):
                                    "token_ids": c.token_ids, "logprobs": c.logprobs} for c in turn.completions]
         if turn.scored is not None:
             trace.update(turn.scored.trace())
+        if turn.tool_choices:
+            trace["tool_choices"] = [t.choice_trace() for t in turn.tool_choices]
         trace.update(turn.trace)
         return trace
 
     def scored_turn(self) -> ScoredTurn | None:
         return self.turns[-1].scored if self.turns else None
+
+    def tool_choices(self) -> list[ScoredTurn]:
+        return list(self.turns[-1].tool_choices) if self.turns else []
 
     def usage(self) -> dict[str, int]:
         return {

@@ -37,8 +37,8 @@ class ActorBatch:
 
 
 def scored_turns(episode: Episode) -> list[ScoredTurn]:
-    """The decisions of ``episode`` made by scoring the admissible actions."""
-    return [s.scored for s in episode.steps if s.scored is not None]
+    """The decisions of ``episode`` made by scoring the admissible actions (and tools: ``Step.decisions``)."""
+    return [d for s in episode.steps for d in s.decisions]
 
 
 def turn_samples(episodes: list[Episode], advantages: list[float], weighting: str = "episode",
