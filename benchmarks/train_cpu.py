@@ -1,25 +1,36 @@
-"""CPU learning run: does Complementary RL (or plain GRPO) raise held-out success within a time budget?
+"""CPU learning run: does Complementary RL (or plain GRPO) raise held-out success in a number of training steps?
 
-For each mode (``grpo``, ``crl``) and training seed, it trains the embedded SmolLM2-135M (score mode,
-LoRA, bf16 where the CPU has it) on a task whose layout varies by seed, with ``python -m crl_agent.train``'s
-loop and a wall-clock budget, and evaluates the pure policy (temperature 1, no exploration) on held-out
-seeds never trained on, before and after. It writes ``benchmarks/results/train_cpu.json`` (every
-evaluation, the per-step diagnostics, the settings and the verdict per mode: every seed's held-out gain at
-least +10 points and their median at least +20) and ``benchmarks/results/train_cpu.png`` (the curves side by
-side, and per step the action entropy, the share of groups with signal and the KL to the untrained policy).
-``--steps N`` trains every run for exactly N steps instead (equal steps; the time each took is reported).
+For each mode (``grpo``, ``static``, ``crl``) and training seed, it trains the embedded SmolLM2-135M (score
+mode, LoRA, bf16 where the CPU has it) on a task whose layout varies by seed, with ``python -m
+crl_agent.train``'s loop, for ``--steps`` steps (default 32; ``--minutes M`` trains for a time budget
+instead), and evaluates the pure policy (temperature 1, no exploration) on 64 held-out seeds never trained
+on, before, every 8 steps and at the end.
 
-Runs go in parallel as subprocesses (one torch thread each), so on 2 cores ``--jobs 2`` trains two at once.
+**One seed per invocation, results that accumulate.** A step takes ~62 s on one 2-core machine and ~636 s on
+another (``benchmarks/host.py``), so five seeds rarely fit one session: each finished run writes its own
+result, ``benchmarks/results/train_cpu/<tag>/<mode>-seed<S>.json`` (the run's evaluations, per-step
+diagnostics, settings, and its host: CPU model, matmul GFLOP/s, engine dtype, from ``host.py --json
+--quick``; its measured step seconds are in the run) and ``.png``, which is committed. ``--report`` merges
+whatever per-seed files the tag holds into ``<tag>/table.md`` (one row per run, its host beside it, and the
+verdict per mode: every seed's held-out gain at least +10 points and their median at least +20) and
+``<tag>/plot.png`` (the curves by training step, and per step the action entropy, the share of groups with
+signal and the KL to the untrained policy). A torn per-seed file, one whose settings differ from the tag's,
+or a run asked for with ``--modes``/``--seeds`` and not there is named with what to do, and left out.
 
-Run: ``python benchmarks/train_cpu.py [--modes grpo,crl[,static]] [--seeds 0,1] [--minutes 30] [--jobs 2]``;
-a variant: ``--tag NAME --set lr=2e-3 --set ppo-epochs=2`` (runs in ``runs/train_cpu/NAME``, results in
-``train_cpu_NAME.{json,png}``; ``--set device=cuda`` trains on a GPU); ``--report`` rebuilds the results
-from finished run folders, ``--plot`` only redraws the PNG from the results JSON.
+Runs go in parallel as subprocesses (one torch thread each when two share the cores): ``--jobs 2`` trains
+two at once on 2 cores; a lone run gets every core.
+
+Run: ``python benchmarks/train_cpu.py --modes grpo --seeds 3 [--steps 32] [--tag NAME] [--set KEY=VALUE]``
+(runs in ``runs/train_cpu/<tag>/``; ``--set device=cuda`` trains on a GPU), then
+``python benchmarks/train_cpu.py --report [--tag NAME]``. ``--import-results FILE --tag NAME`` splits a
+results file of the earlier layout (``benchmarks/results/train_cpu*.json``: every run of a tag in one file)
+into per-seed files.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -29,7 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results" / "train_cpu"
+SCHEMA_VERSION = "2.0"  # 1.0: one file per tag (benchmarks/results/train_cpu*.json); 2.0: one file per run
+DEFAULT_TAG = "default"
+DEFAULT_STEPS = 32
 
 # DESIGN section 9's prototype (which learned a fixed room in ~15 minutes), on a room whose layout varies
 # by seed: on-policy (the untrained policy already wins ~20% here, so groups hold wins and losses),
@@ -50,9 +64,11 @@ SETTINGS = {
     "eval-every": 8,
     "eval-episodes": 64,
     "ppo-epochs": 1,
-    "steps": 1000,
-    # the robustness tools of the trainer, off as in the paper (e.g. --set dynamic-sampling=4 --tag robust)
-    "dynamic-sampling": 0,
+    "steps": DEFAULT_STEPS,
+    # DAPO's dynamic sampling, up to 4 extra groups a step when groups lack signal (the trainer's default
+    # since issue 37: seed 7 went 26.6% -> 73.4% held-out in 32 steps with it and collapsed without it,
+    # DESIGN.md 10.6); KL and entropy terms off as in the paper
+    "dynamic-sampling": 4,
     "kl-coef": 0.0,
     "entropy-coef": 0.0,
     # where each run trains and scores: --set device=cuda runs the same comparison on a GPU (equal steps:
@@ -139,34 +155,218 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
     return row
 
 
-def read_results(path: Path) -> dict:
-    """A results file, its settings named as now (files written before the trainer's --env became --tasks
-    have ``env``; those written before ``device`` was a setting ran on the CPU)."""
-    saved = json.loads(path.read_text())
-    saved["settings"] = {("tasks" if k == "env" else k): v for k, v in saved.get("settings", {}).items()}
-    saved["settings"].setdefault("device", "cpu")
-    return saved
+# ---------------------------------------------------------------------------------------- per-seed files
+def seed_path(tag_dir: Path, mode: str, seed: int) -> Path:
+    return tag_dir / f"{mode}-seed{seed}.json"
 
 
-def keep_earlier(rows: list[dict], path: Path, settings: dict, minutes: float, jobs: int) -> list[dict]:
-    """The runs of an earlier results file under this name that this invocation did not (re)make, e.g. the
-    grpo runs when ``--modes crl`` follows ``--modes grpo`` with the same tag; none if its settings differ."""
-    if not path.exists():
-        return []
-    earlier = read_results(path)
-    if (earlier.get("settings"), earlier.get("minutes"), earlier.get("jobs")) != (settings, minutes, jobs):
-        print(f"{path.name}: earlier runs made with other settings are replaced")
-        return []
-    made = {(r["mode"], r["seed"]) for r in rows}
-    return [r for r in earlier["runs"] if (r["mode"], r["seed"]) not in made]
+def host_record(threads: int) -> dict:
+    """This machine as ``benchmarks/host.py --json --quick`` describes it (CPU model, cores, matmul GFLOP/s,
+    engine dtype), with the torch threads each run gets; ``{"error": ...}`` where that fails (the run's
+    result is still worth keeping)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "host.py"), "--json", "--quick", "--threads", str(threads)]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        text = proc.stdout
+        return json.loads(text[text.index("{"):])
+    except (subprocess.SubprocessError, ValueError) as e:
+        return {"error": f"benchmarks/host.py --json --quick failed: {type(e).__name__}: {str(e)[:300]}"}
 
 
-def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
+def git_sha() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_seed_result(tag_dir: Path, tag: str, row: dict, settings: dict, budget: dict, jobs: int,
+                      host: dict, **provenance) -> Path:
+    """One run's result file (written whole, then renamed into place, so a reader never sees half of it)
+    and its plot. ``provenance`` replaces the default ``git_sha`` and ``written`` (the code and time now)."""
+    provenance = {"git_sha": git_sha(),
+                  "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **provenance}
+    doc = {"schema_version": SCHEMA_VERSION, "tag": tag, "mode": row["mode"], "seed": row["seed"],
+           "settings": settings, "budget": budget, "jobs": jobs, "host": host, **provenance, "run": row}
+    if row["mode"] in ("crl", "static"):
+        doc["crl_settings"] = CRL_SETTINGS
+    path = seed_path(tag_dir, row["mode"], row["seed"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+    plot([doc], path.with_suffix(".png"))
+    return path
+
+
+def read_seed_result(path: Path) -> dict:
+    """A per-seed file, checked; ``ValueError`` saying what is wrong with it (torn, or not a per-seed result)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read as JSON ({type(e).__name__}: {e}); a torn write? rerun that "
+                         "seed or delete the file") from None
+    missing = [k for k in ("mode", "seed", "settings", "budget", "host", "run") if not isinstance(doc, dict) or k not in doc]
+    if missing:
+        raise ValueError(f"{path}: not a per-seed result of benchmarks/train_cpu.py (no {', '.join(missing)}); "
+                         "rerun that seed or delete the file")
+    if path.name != f"{doc['mode']}-seed{doc['seed']}.json" or not isinstance(doc["run"].get("evals"), list):
+        raise ValueError(f"{path}: holds {doc['mode']} seed {doc['seed']} (or has no evaluations), not what its "
+                         "name says; rerun that seed or delete the file")
+    return doc
+
+
+def run_command(tag: str, mode: str, seed: int, budget: dict) -> str:
+    size = f"--minutes {budget['minutes']:g}" if budget.get("minutes") else f"--steps {budget['steps']}"
+    tag_flag = f" --tag {tag}" if tag != DEFAULT_TAG else ""
+    return f"python benchmarks/train_cpu.py{tag_flag} --modes {mode} --seeds {seed} {size} --jobs 1"
+
+
+def merge(tag_dir: Path, expected: list[tuple[str, int]] | None = None) -> tuple[list[dict], list[str]]:
+    """The tag's per-seed results that belong in one table, and a message for every file left out (torn,
+    other settings than the tag's) and every ``expected`` (mode, seed) without a file.
+
+    The tag's settings are those most of its runs share; a run made with others is left out, naming the
+    keys that differ (a table mixes hosts, never settings)."""
+    docs, problems = [], []
+    for path in sorted(tag_dir.glob("*-seed*.json")):
+        try:
+            docs.append(read_seed_result(path))
+        except ValueError as e:
+            problems.append(str(e))
+
+    def key(doc: dict) -> str:
+        return json.dumps([doc["settings"], doc["budget"]], sort_keys=True)
+
+    if docs:
+        counts: dict[str, int] = {}
+        for doc in docs:
+            counts[key(doc)] = counts.get(key(doc), 0) + 1
+        majority = max(counts, key=counts.get)
+        ref = next(d for d in docs if key(d) == majority)
+        kept = []
+        for doc in docs:
+            if key(doc) == majority:
+                kept.append(doc)
+                continue
+            diff = sorted(k for k in {**ref["settings"], **doc["settings"], "budget": 0}
+                          if (ref["budget"] if k == "budget" else ref["settings"].get(k))
+                          != (doc["budget"] if k == "budget" else doc["settings"].get(k)))
+            problems.append(f"{seed_path(tag_dir, doc['mode'], doc['seed'])}: made with other settings than the "
+                            f"tag's other runs ({', '.join(diff)} differ); left out: rerun it or give it its own --tag")
+        docs = kept
+    budget = docs[0]["budget"] if docs else {"steps": DEFAULT_STEPS}
+    have = {(d["mode"], d["seed"]) for d in docs}
+    for mode, seed in expected or []:
+        if (mode, seed) not in have and not seed_path(tag_dir, mode, seed).exists():  # a torn one is named above
+            problems.append(f"{mode} seed {seed}: no result in {tag_dir}; run it: "
+                            f"{run_command(tag_dir.name, mode, seed, budget)}")
+    order = {"grpo": 0, "static": 1, "crl": 2}
+    docs.sort(key=lambda d: (order.get(d["mode"], 9), d["mode"], d["seed"]))
+    return docs, problems
+
+
+def verdict(rows: list[dict]) -> dict:
+    """Per mode: the held-out gains (points), their median, and the issue's bar (every seed >= +10,
+    median >= +20)."""
+    out = {}
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        gains = sorted(r.get("gain_points", float("nan")) for r in rows if r["mode"] == mode)
+        half = len(gains) // 2
+        median = gains[half] if len(gains) % 2 else (gains[half - 1] + gains[half]) / 2
+        out[mode] = {"gains": gains, "median": median, "every seed >= +10": all(g >= 10 for g in gains),
+                     "median >= +20": median >= 20}
+    return out
+
+
+def host_label(host: dict) -> str:
+    """A short name for the machine a run had: CPU model, dtype and the dtype's matmul GFLOP/s."""
+    if not host.get("cpu_model"):
+        return host.get("note", "not recorded")
+    dtype = host.get("engine_dtype", "?")
+    rate = (host.get("matmul_gflops") or {}).get(dtype)
+    return f"{host['cpu_model']}, {host.get('cores', '?')} cores, {dtype}" + (f" {rate:,.0f} GFLOP/s" if rate else "")
+
+
+def table(docs: list[dict], problems: list[str]) -> str:
+    """The tag's markdown table: one row per run with its host, then the verdict and what was left out."""
+    nan = float("nan")
+    lines = ["| mode | seed | host | steps | median step | training | held-out before | after | gain (points) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for doc in docs:
+        r = doc["run"]
+        wexp = (f" ({100 * r['before_with_experience']:.1f}% -> {100 * r['after_with_experience']:.1f}% with experience)"
+                if "after_with_experience" in r else "")
+        step_s = f"{r['step_s_median']:.0f} s" if r.get("step_s_median") else "-"
+        lines.append(f"| {r['mode']} | {r['seed']} | {host_label(doc['host'])} | {r['train_steps']} | {step_s} | "
+                     f"{r['train_minutes']:.0f} min | {100 * r.get('before', nan):.1f}% | "
+                     f"{100 * r.get('after', nan):.1f}%{wexp} | "
+                     f"{r.get('gain_points', nan):+.1f} ± {r.get('gain_se_points', nan):.1f} |")
+    lines.append("")
+    for mode, v in verdict([d["run"] for d in docs]).items():
+        lines.append(f"- {mode}: gains {', '.join(f'{g:+.1f}' for g in v['gains'])}; median {v['median']:+.1f}; "
+                     f"every seed >= +10: {v['every seed >= +10']}; median >= +20: {v['median >= +20']}")
+    if docs:
+        budget = docs[0]["budget"]
+        size = f"{budget['minutes']:g} minutes" if budget.get("minutes") else f"{budget['steps']} steps"
+        lines.append(f"- settings: {size} a run; {json.dumps(docs[0]['settings'])}")
+    lines += [f"- {d['mode']} seed {d['seed']}: {d['run']['note']}" for d in docs if d["run"].get("note")]
+    lines += [f"- left out: {p}" for p in problems]
+    return "\n".join(lines) + "\n"
+
+
+def report(tag_dir: Path, expected: list[tuple[str, int]] | None = None) -> int:
+    """Merge the tag's per-seed files into its table and plot; prints them. Returns 1 when something was
+    left out or nothing is there, else 0."""
+    docs, problems = merge(tag_dir, expected)
+    for p in problems:
+        print(f"problem: {p}", file=sys.stderr)
+    if not docs:
+        print(f"no per-seed results in {tag_dir}; run one: "
+              f"{run_command(tag_dir.name, 'grpo', 0, {'steps': DEFAULT_STEPS})}", file=sys.stderr)
+        return 1
+    text = table(docs, problems)
+    (tag_dir / "table.md").write_text(text)
+    plot(docs, tag_dir / "plot.png")
+    print(text, end="")
+    print(f"wrote {tag_dir / 'table.md'} and {tag_dir / 'plot.png'}")
+    return 1 if problems else 0
+
+
+def import_results(path: Path, tag: str) -> list[Path]:
+    """Split a results file of the earlier layout (one per tag, ``runs`` a list) into per-seed files of
+    ``tag``. Their host was not recorded then: each gets the file's own note on its machine, if any."""
+    try:
+        saved = json.loads(path.read_text())
+        runs = saved["runs"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SystemExit(f"{path}: not a results file of benchmarks/train_cpu.py ({type(e).__name__}: {e})") from None
+    # files written before the trainer's --env became --tasks have ``env``; before ``device`` existed, the CPU
+    settings = {("tasks" if k == "env" else k): v for k, v in saved.get("settings", {}).items()}
+    settings.setdefault("device", "cpu")
+    minutes = float(saved.get("minutes") or 0)
+    budget = {"minutes": minutes, "steps": settings.get("steps")} if minutes else {"steps": settings.get("steps")}
+    written = []
+    for row in runs:
+        note = row.get("machine") or "not recorded (imported from the one-file-per-tag layout)"
+        host = {"note": note, "imported_from": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)}
+        written.append(write_seed_result(RESULTS / tag, tag, row, settings, budget, int(saved.get("jobs", 1)), host,
+                                         git_sha=None, written=None, imported=saved.get("schema_version", "1.0")))
+    return written
+
+
+# ---------------------------------------------------------------------------------------- plot
+def plot(docs: list[dict], path: Path) -> None:
+    """The held-out curves by training step (steps, not minutes: the runs' hosts differ), the per-step
+    diagnostics and, for crl/static runs, the extractor's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [d["run"] for d in docs]
+    settings = docs[0]["settings"]
     crl = [r for r in rows if r.get("extractor_reward") or r.get("extractor_valid_rate") or r.get("extractor_meta_reward")]
     diag = [r for r in rows if any((r.get("diagnostics") or {}).values())]
     panels = 1 + bool(diag) + bool(crl)
@@ -187,19 +387,17 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
         axd.grid(alpha=0.3)
         axd.legend(fontsize=6)
     ax2 = rest.pop(0) if crl else None
-    for r in rows:
-        pts = [(e.get("train_time_s", 0.0) / 60, 100 * e["success"]) for e in r["evals"]]
+    for doc, r in zip(docs, rows, strict=True):
+        host = doc["host"].get("cpu_model") or "host not recorded"
+        step_s = f", {r['step_s_median']:.0f} s/step" if r.get("step_s_median") else ""
+        pts = [(e["step"], 100 * e["success"]) for e in r["evals"]]
         if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", label=f"{r['mode']} seed {r['seed']} (w/o exp.)")
-        exp = [(e.get("train_time_s", 0.0) / 60, 100 * e["with_experience"]) for e in r["evals"] if "with_experience" in e]
+            ax.plot(*zip(*pts, strict=True), marker="o", label=f"{r['mode']} seed {r['seed']} ({host}{step_s})")
+        exp = [(e["step"], 100 * e["with_experience"]) for e in r["evals"] if "with_experience" in e]
         if exp:
             ax.plot(*zip(*exp, strict=True), marker="x", linestyle="--", label=f"{r['mode']} seed {r['seed']} (with exp.)")
     device = settings.get("device", "cpu")
-    if device == "cpu":
-        share = "2 cores shared by 2 runs" if jobs > 1 else "2 cores, one run at a time"
-    else:
-        share = f"{jobs} runs at once on one GPU ({device})" if jobs > 1 else f"one run at a time on {device}"
-    ax.set_xlabel(f"training minutes ({share}; evaluations not counted)")
+    ax.set_xlabel("training step (evaluations: 64 held-out seeds)")
     ax.set_ylabel("held-out success % (64 seeds, temperature 1)")
     ax.set_title(f"SmolLM2-135M on {settings['tasks']} ({device.upper()}, lr {settings['lr']}, {settings.get('ppo-epochs', 1)} PPO epochs)",
                  fontsize=9)
@@ -228,75 +426,82 @@ def plot(rows: list[dict], path: Path, settings: dict, jobs: int = 2) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_runs(modes: str, seeds: str) -> list[tuple[str, int]]:
+    """(mode, seed) pairs, seed-major (so with --jobs 2 each mode's runs share the machine with another's)."""
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds {seeds!r}: expected integers separated by commas, e.g. --seeds 3") from None
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    bad = [m for m in mode_list if m not in ("grpo", "static", "crl")]
+    if bad or not mode_list or not seed_list:
+        raise ValueError(f"--modes {modes!r} --seeds {seeds!r}: need modes among grpo, static, crl and at least one seed")
+    return [(m, s) for s in seed_list for m in mode_list]
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--modes", default="grpo,crl")
-    p.add_argument("--seeds", default="0,1")
-    p.add_argument("--minutes", type=float, default=30.0, help="training budget per run (evaluations excluded)")
-    p.add_argument("--steps", type=int, default=0,
-                   help="equal steps instead of equal time: every run trains exactly this many steps (its time is "
-                        "reported); --minutes is then ignored")
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--modes", default=None, help="comma list of grpo, static, crl (default: grpo)")
+    p.add_argument("--seeds", default=None, help="training seeds, e.g. 3 (one seed per invocation; default: 0)")
+    p.add_argument("--steps", type=int, default=None, help=f"training steps per run (default {DEFAULT_STEPS}; "
+                   "with --minutes: a cap, default 1000)")
+    p.add_argument("--minutes", type=float, default=0.0,
+                   help="train for this many minutes instead of a number of steps (evaluations excluded)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at once (they share the cores)")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "train_cpu", help="run folders (resumed if present)")
-    p.add_argument("--report", action="store_true", help="only rebuild the results from the run folders in --work")
-    p.add_argument("--plot", action="store_true", help="only redraw the PNG from the results JSON (no run folders needed)")
+    p.add_argument("--report", action="store_true",
+                   help="only merge the tag's per-seed result files into its table and plot")
+    p.add_argument("--import-results", type=Path, metavar="FILE",
+                   help="split a results file of the earlier one-file-per-tag layout into per-seed files of --tag")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. --set lr=2e-3 --set ppo-epochs=2 (use with --tag)")
-    p.add_argument("--tag", default="", help="a name for this variant: runs in <work>/<tag>/, results in train_cpu_<tag>.*")
-    args = p.parse_args()
+    p.add_argument("--tag", default=DEFAULT_TAG,
+                   help="a name for this variant: runs in <work>/<tag>/, results in benchmarks/results/train_cpu/<tag>/")
+    args = p.parse_args(argv)
+    if not args.tag or "/" in args.tag or args.tag.startswith("."):
+        p.error(f"--tag {args.tag!r}: a plain folder name, e.g. --tag robust")
+    tag_dir = RESULTS / args.tag
+    try:
+        runs = parse_runs(args.modes or "grpo", args.seeds or "0")
+    except ValueError as e:
+        p.error(str(e))
+    if args.import_results:
+        for path in import_results(args.import_results, args.tag):
+            print(f"wrote {path}")
+        return report(tag_dir)
+    if args.report:
+        return report(tag_dir, runs if args.modes or args.seeds else None)
+    if args.jobs < 1 or args.minutes < 0 or (args.steps is not None and args.steps < 1):
+        p.error("--jobs and --steps must be >= 1 and --minutes >= 0")
     settings = dict(SETTINGS)
-    if args.steps:
-        settings["steps"], args.minutes = args.steps, 0.0
+    settings["steps"] = args.steps or (1000 if args.minutes else DEFAULT_STEPS)
+    budget = {"minutes": args.minutes, "steps": settings["steps"]} if args.minutes else {"steps": settings["steps"]}
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep or key not in SETTINGS:
-            p.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(SETTINGS)}")
+        if not sep or key not in SETTINGS or key == "steps":
+            p.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(set(SETTINGS) - {'steps'})} "
+                    "(--steps sets the steps)")
         settings[key] = value
-    work = args.work / args.tag if args.tag else args.work
-    name = f"train_cpu_{args.tag}" if args.tag else "train_cpu"
-    # seed-major, so with --jobs 2 each mode's runs share the machine with the other mode's
-    jobs = [(m, int(s)) for s in args.seeds.split(",") for m in args.modes.split(",")]
-    if args.plot:
-        saved = read_results(RESULTS / f"{name}.json")
-        plot(saved["runs"], RESULTS / f"{name}.png", saved["settings"], saved["jobs"])
-        print(f"wrote {RESULTS / (name + '.png')}")
-        return
-    if args.report:
-        rows = [summarise(m, s, work / f"{m}-seed{s}") for m, s in jobs if (work / f"{m}-seed{s}").exists()]
-    else:
-        with ThreadPoolExecutor(args.jobs) as pool:
-            threads = max(1, (os.cpu_count() or 2) // args.jobs)
-            rows = list(pool.map(lambda j: run_one(j[0], j[1], args.minutes, work / f"{j[0]}-seed{j[1]}",
-                                                   settings, threads), jobs))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    rows = keep_earlier(rows, RESULTS / f"{name}.json", settings, args.minutes, args.jobs) + rows
-    verdict = {}
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        gains = sorted(r.get("gain_points", float("nan")) for r in rows if r["mode"] == mode)
-        median = gains[len(gains) // 2] if len(gains) % 2 else (gains[len(gains) // 2 - 1] + gains[len(gains) // 2]) / 2
-        verdict[mode] = {"gains": gains, "median": median, "every seed >= +10": all(g >= 10 for g in gains),
-                         "median >= +20": median >= 20}
-    out = {"schema_version": "1.0", "tag": args.tag, "settings": settings, "crl_settings": CRL_SETTINGS,
-           "minutes": args.minutes, "jobs": args.jobs,
-           "runs": rows, "verdict (held-out gain in points)": verdict}
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    plot(rows, RESULTS / f"{name}.png", settings, args.jobs)
-    print(f"{'mode':6s} {'seed':>4s} {'steps':>5s} {'minutes':>7s} {'before':>7s} {'after':>7s} {'gain':>13s} "
-          f"{'with experience':>16s}")
-    nan = float("nan")
-    for r in rows:
-        wexp = (f"{100 * r['before_with_experience']:5.1f}% -> {100 * r['after_with_experience']:5.1f}%"
-                if "after_with_experience" in r else "")
-        print(f"{r['mode']:6s} {r['seed']:4d} {r['train_steps']:5d} {r['train_minutes']:7.1f} "
-              f"{100 * r.get('before', nan):6.1f}% {100 * r.get('after', nan):6.1f}% "
-              f"{r.get('gain_points', nan):+6.1f} +- {r.get('gain_se_points', nan):4.1f} {wexp:>16s}")
-        if r.get("extractor"):
-            print(f"       extractor: {r['extractor']}, reward by step {r['extractor_reward']}")
-    for mode, v in verdict.items():
-        print(f"{mode}: gains {', '.join(f'{g:+.1f}' for g in v['gains'])}; median {v['median']:+.1f}; "
-              f"every seed >= +10: {v['every seed >= +10']}; median >= +20: {v['median >= +20']}")
-    print(f"wrote {RESULTS / (name + '.json')} and {RESULTS / (name + '.png')}")
+    jobs = min(args.jobs, len(runs))  # a lone run gets every core
+    threads = max(1, (os.cpu_count() or 2) // jobs)
+    host = host_record(threads)
+    work = args.work / args.tag
+
+    def one(run: tuple[str, int]) -> dict:
+        mode, seed = run
+        row = run_one(mode, seed, args.minutes, work / f"{mode}-seed{seed}", settings, threads)
+        if row["evals"]:  # a run that never evaluated has nothing to merge; its log says why
+            print(f"wrote {write_seed_result(tag_dir, args.tag, row, settings, budget, jobs, host)}", flush=True)
+        else:
+            print(f"{mode} seed {seed}: no evaluation recorded (exit {row['returncode']}); see "
+                  f"{work / f'{mode}-seed{seed}' / 'log.txt'}", file=sys.stderr, flush=True)
+        return row
+
+    with ThreadPoolExecutor(jobs) as pool:
+        rows = list(pool.map(one, runs))
+    status = report(tag_dir)
+    return status if all(r["returncode"] == 0 and r["evals"] for r in rows) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
