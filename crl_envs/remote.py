@@ -129,6 +129,7 @@ class RemoteEnv(gym.Env[str, str]):
         self._ws: Any = None
         self._last_obs = ""
         self._last_info: dict[str, Any] = {}
+        self._ended_as = (False, False)  # (terminated, truncated) once the episode ended
 
     # ------------------------------------------------------------ transport
     def _get_json(self, path: str) -> dict[str, Any]:
@@ -212,7 +213,7 @@ class RemoteEnv(gym.Env[str, str]):
             data["options"] = options
         reply = self._request({"type": "reset", "data": data}, reconnect=True)
         obs = reply["observation"]
-        self._last_obs, self._last_info = obs["text"], obs["info"]
+        self._last_obs, self._last_info, self._ended_as = obs["text"], obs["info"], (False, False)
         return obs["text"], obs["info"]
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -222,16 +223,19 @@ class RemoteEnv(gym.Env[str, str]):
             return self._invalid(f"Invalid action: longer than {self.max_action_chars} characters (the server's limit).")
         reply = self._request({"type": "step", "data": {"message": action}})
         obs = reply["observation"]
+        terminated, truncated = bool(obs["terminated"]), bool(obs["truncated"])
         self._last_obs, self._last_info = obs["text"], obs["info"]
-        return obs["text"], float(reply.get("reward") or 0.0), bool(obs["terminated"]), bool(obs["truncated"]), \
-            obs["info"]
+        if (terminated or truncated) and not any(self._ended_as):
+            self._ended_as = (terminated, truncated)
+        return obs["text"], float(reply.get("reward") or 0.0), terminated, truncated, obs["info"]
 
     def _invalid(self, feedback: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """An invalid move answered here (as a served text env would): feedback, reward 0, state unchanged."""
+        """An invalid move answered here (as a served text env would): feedback, reward 0, state unchanged, and an
+        episode that ended stays ended."""
         obs = f"{feedback}\n\n{self._last_obs}" if self._last_obs else feedback
         info = {"task": "", "admissible_actions": None, "success": False, "progress": 0.0,
                 **self._last_info, "valid_action": False}
-        return obs, 0.0, False, False, info
+        return obs, 0.0, *self._ended_as, info
 
     def state(self) -> dict[str, Any]:
         """The server's view of this session: ``episode_id``, ``step_count``, ``env_id``, ``seed``, ``done``."""

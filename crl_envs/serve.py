@@ -7,8 +7,9 @@ Usage::
 The server is OpenEnv's own (``openenv-core``: FastAPI and uvicorn), with these routes:
 
 * ``GET /health``, ``/schema`` (the action ``{"message": str}``; the observation: ``text``, ``task``,
-  ``admissible_actions``, the whole ``info``, ``terminated``, ``truncated``, ``reward``, ``done``),
-  ``/metadata`` and ``/state``;
+  ``admissible_actions``, the whole ``info``, ``terminated``, ``truncated``, ``reward``, ``done``; the
+  state: ``episode_id``, ``step_count``, ``env_id``, ``seed``, ``done``), ``/metadata`` and ``/state``
+  (a fresh env's state, with the same keys as a session's);
 * ``POST /reset`` (``{"seed": 3}``) and ``/step``: OpenEnv builds a fresh env for every plain HTTP
   request, so ``/reset`` shows a seed's first observation and ``/step`` (no episode to step) answers 409;
 * ``WebSocket /ws``: one session per connection, with ``reset`` (``data``: ``seed``, ``options``,
@@ -18,8 +19,12 @@ Each session owns one env in a one-slot pool of ours (:func:`crl_envs.pool.make_
 worker process, so an env that crashes, hangs past ``--step-timeout`` or is killed ends only its own
 session: the client gets the error, starting ``session ended:``, and the connection is closed). A
 session that sends nothing for ``--session-timeout`` seconds is closed and its env released. Bad
-JSON, unknown message types, oversized actions and bad seeds get error replies (the session goes
-on), and connections beyond ``--max-concurrent`` are refused with ``CAPACITY_REACHED``.
+JSON (``INVALID_JSON``), unknown message types (``UNKNOWN_TYPE``), and frames that are not a JSON
+object, oversized actions, bad seeds and unknown reset keys (``VALIDATION_ERROR``, as OpenEnv answers
+bad input) get error replies and the session goes on; connections beyond ``--max-concurrent`` are
+refused with ``CAPACITY_REACHED``. A step after the episode ended reaches the env (ours answer it as
+an invalid move) but its reply keeps ``done`` true, with ``terminated``/``truncated`` as the episode
+ended, and the session's ``state.done`` stays true until the next ``reset``.
 ``crl/Remote-v0`` (:class:`crl_envs.remote.RemoteEnv`) is the Gymnasium client.
 """
 
@@ -27,10 +32,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import functools
 import inspect
 import json
+import socket
+import sys
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +53,7 @@ try:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     from openenv.core.env_server import Action, Environment, Observation, State, create_fastapi_app
-    from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
+    from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata, SchemaResponse, WSErrorCode
     from pydantic import Field, create_model
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise gym.error.DependencyNotInstalled('serving envs needs openenv-core: pip install -e ".[openenv]"') from e
@@ -81,8 +90,20 @@ class TextEnvState(State):
     done: bool = False
 
 
+# The messages of the RequestErrors raised in this /ws session and not yet answered; SessionGuard sets it per
+# connection, so their replies carry OpenEnv's VALIDATION_ERROR instead of the EXECUTION_ERROR its loop gives
+# every exception an env method raises.
+_RAISED_REQUEST_ERRORS: ContextVar[list[str] | None] = ContextVar("raised_request_errors", default=None)
+
+
 class RequestError(ValueError):
-    """A request the served env cannot take (answered with 400 over HTTP, an error message over /ws)."""
+    """A request the served env cannot take (answered with 400 over HTTP, ``VALIDATION_ERROR`` over /ws)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        raised = _RAISED_REQUEST_ERRORS.get()
+        if raised is not None:
+            raised.append(message)
 
 
 class NoEpisodeError(RuntimeError):
@@ -135,6 +156,7 @@ class PooledEnvironment(Environment):
         self.pool: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = TextEnvState(env_id=config.env_id)
+        self._ended_as = (False, False)  # (terminated, truncated) of the step that ended the episode
         self._ended: str | None = None
 
     # OpenEnv calls reset_async/step_async where they are overridden; these sync forms are its abstract API.
@@ -161,6 +183,7 @@ class PooledEnvironment(Environment):
         except EnvError as e:
             raise self._failed(e) from None
         self._state = TextEnvState(env_id=self.config.env_id, seed=seed, episode_id=episode_id or uuid.uuid4().hex)
+        self._ended_as = (False, False)
         return self._observation(obs, info, None, terminated=False, truncated=False)
 
     async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
@@ -179,7 +202,10 @@ class PooledEnvironment(Environment):
         except EnvError as e:
             raise self._failed(e) from None
         self._state.step_count += 1
-        self._state.done = terminated or truncated
+        if self._state.done:  # stepped after the end: it stays over as it ended, whatever the env says
+            terminated, truncated = terminated or self._ended_as[0], truncated or self._ended_as[1]
+        elif terminated or truncated:
+            self._state.done, self._ended_as = True, (terminated, truncated)
         return self._observation(obs, info, reward, terminated=terminated, truncated=truncated)
 
     @property
@@ -249,7 +275,10 @@ class SessionGuard:
     * a session silent for ``idle_timeout`` seconds gets a ``SESSION_TIMEOUT`` error and is closed
       (OpenEnv's own reaper frees the env but leaves the connection open);
     * a session whose env was lost (an error starting ``session ended:``) is closed after that error;
-    * binary frames are read as UTF-8 text (OpenEnv reads text frames only).
+    * binary frames are read as UTF-8 text (OpenEnv reads text frames only);
+    * a frame that is JSON but not an object (``[1, 2]``, ``"hi"``, ``null``) gets a ``VALIDATION_ERROR``
+      and the session goes on (OpenEnv's loop would end the session on it);
+    * the requests our env refuses (:class:`RequestError`) are answered with ``VALIDATION_ERROR``.
 
     Closing works by telling OpenEnv's loop the client left: it then frees the session's env and
     closes the connection itself, with the reason this middleware records.
@@ -263,6 +292,8 @@ class SessionGuard:
             await self.app(scope, receive, send)
             return
         ended: list[str] = []
+        raised: list[str] = []
+        _RAISED_REQUEST_ERRORS.set(raised)  # this task's context: OpenEnv's loop runs the env in it
 
         async def error(message: str, code: str) -> None:
             await send({"type": "websocket.send", "text": json.dumps({"type": "error", "data": {
@@ -284,13 +315,20 @@ class SessionGuard:
                     except UnicodeDecodeError:
                         await error("a binary frame that is not UTF-8 text; send JSON messages", "INVALID_JSON")
                         continue
+                problem = not_an_object(message.get("text"))
+                if problem is not None:
+                    await error(problem, WSErrorCode.VALIDATION_ERROR.value)
+                    continue
                 return message
             return {"type": "websocket.disconnect", "code": 1000}
 
         async def guarded_send(message: dict) -> None:
             text = message.get("text") if message["type"] == "websocket.send" else None
-            if text and text.startswith('{"type":"error"') and SESSION_ENDED in text:
-                ended.append("the session's env was lost")
+            if text and text.startswith('{"type":"error"'):
+                if SESSION_ENDED in text:
+                    ended.append("the session's env was lost")
+                if raised:
+                    message = {**message, "text": validation_error(text, raised)}
             if message["type"] == "websocket.close":
                 if ended:
                     message = {**message, "code": 1000, "reason": ended[0]}
@@ -302,6 +340,33 @@ class SessionGuard:
             await send(message)
 
         await self.app(scope, guarded_receive, guarded_send)
+
+
+def not_an_object(text: str | None) -> str | None:
+    """Why a frame that parses as JSON is no message (not an object); None for an object or for text that is not
+    JSON at all (OpenEnv answers that with ``INVALID_JSON``)."""
+    if text is None or text.lstrip().startswith("{"):  # an object, or broken JSON: OpenEnv's own reply
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), "null")
+    return ('a message is a JSON object such as {"type": "step", "data": {"message": "up"}}; got ' + kind +
+            "; the session goes on")
+
+
+def validation_error(text: str, raised: list[str]) -> str:
+    """An error reply with ``VALIDATION_ERROR`` for its code where it answers a :class:`RequestError` in ``raised``
+    (which it empties: OpenEnv answers each request before it reads the next)."""
+    reply = json.loads(text)
+    data = reply.get("data") or {}
+    if data.get("code") == WSErrorCode.EXECUTION_ERROR.value and data.get("message") in raised:
+        data["code"] = WSErrorCode.VALIDATION_ERROR.value
+        text = json.dumps(reply)
+    raised.clear()
+    return text
 
 
 def create_app(config: ServeConfig, *, max_concurrent: int = 8, session_timeout: float | None = 300.0) -> Any:
@@ -322,6 +387,20 @@ def create_app(config: ServeConfig, *, max_concurrent: int = 8, session_timeout:
         functools.partial(PooledEnvironment, config), action_cls, TextObservation,
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_concurrent))
     app.title = f"{config.env_id} (crl-bench, OpenEnv protocol)"
+    # OpenEnv's GET /state and /schema use its base State model, which drops env_id, seed and done: state them
+    for route in [r for r in app.router.routes if getattr(r, "path", None) in ("/state", "/schema")]:
+        app.router.routes.remove(route)
+
+    @app.get("/state", response_model=TextEnvState, tags=["State Management"],
+             summary="A fresh env's state (a /ws session's has the same keys)")
+    async def http_state() -> TextEnvState:
+        return PooledEnvironment(config).state
+
+    @app.get("/schema", response_model=SchemaResponse, tags=["Schema"], summary="JSON schemas of action, observation "
+             "and state")
+    async def schema() -> SchemaResponse:
+        return SchemaResponse(action=action_cls.model_json_schema(), observation=TextObservation.model_json_schema(),
+                              state=TextEnvState.model_json_schema())
 
     @app.exception_handler(RequestError)
     async def bad_request(_: Request, exc: RequestError) -> JSONResponse:
@@ -351,8 +430,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (as uvicorn binds one), or :class:`OSError` naming the address."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror} (--host)") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: rebind over TIME_WAIT, never a listener
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        hint = " (another server holds it: stop that one or pick another --port)" if e.errno == errno.EADDRINUSE else ""
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror}{hint}") from None
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        """uvicorn's server, saying where it serves once it accepts connections (not before)."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"serving {args.env_id} at {url} (OpenEnv protocol; sessions at {url.replace('http', 'ws', 1)}/ws; "
+                      f"play it with gym.make('crl/Remote-v0', url='{url}'))", flush=True)
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -366,10 +472,18 @@ def main(argv: list[str] | None = None) -> int:
         app = create_app(config, max_concurrent=args.max_concurrent, session_timeout=args.session_timeout)
     except (ValueError, gym.error.Error) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    print(f"serving {args.env_id} at http://{args.host}:{args.port} (OpenEnv protocol; sessions at "
-          f"ws://{args.host}:{args.port}/ws; play it with gym.make('crl/Remote-v0', url='http://{args.host}:{args.port}'))",
-          flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, ws_max_size=MAX_FRAME_BYTES, log_level="warning")
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 1
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    server = AnnouncingServer(uvicorn.Config(app, ws_max_size=MAX_FRAME_BYTES, log_level="warning"))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
 
 

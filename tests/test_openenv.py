@@ -32,6 +32,7 @@ from crl_envs.registry import backend_installed  # noqa: E402
 from crl_envs.remote import MAX_FRAME_BYTES, RemoteEnv, RemoteEnvError, jsonable  # noqa: E402
 from crl_envs.serve import ServeConfig, create_app  # noqa: E402
 from crl_envs.testing import check_text_env  # noqa: E402
+from tests.toy_envs import GuessEnv  # noqa: E402
 
 pytestmark = pytest.mark.openenv
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,7 +121,18 @@ def test_health_schema_metadata_and_state_describe_the_text_env():
             assert key in observation, key
         meta = get(url + "/metadata")
         assert meta["name"] == "crl/Sokoban-6x6-2-v0" and "box" in meta["description"]
-        assert get(url + "/state")["step_count"] == 0
+
+
+def test_http_state_and_schema_show_what_a_session_state_shows():
+    with serving("crl/Sokoban-6x6-2-v0", backend="inline") as url, connect(ws_url(url)) as ws:
+        state = get(url + "/state")  # a fresh env's (OpenEnv builds one per HTTP request)
+        assert state == {"episode_id": None, "step_count": 0, "env_id": "crl/Sokoban-6x6-2-v0", "seed": None,
+                         "done": False}
+        assert set(get(url + "/schema")["state"]["properties"]) == set(state)
+        assert ask(ws, {"type": "state"})["data"] == state
+        ask(ws, {"type": "reset", "data": {"seed": 2}})
+        session = ask(ws, {"type": "state"})["data"]
+        assert set(session) == set(state) and session["seed"] == 2
 
 
 def test_http_reset_takes_the_seed_and_http_step_points_to_the_ws_session():
@@ -263,9 +275,13 @@ def test_hostile_messages_get_clear_errors_and_the_session_goes_on():
         for bad_seed in ("seven", -1, 1.5, True):
             reply = ask(ws, {"type": "reset", "data": {"seed": bad_seed}})
             assert reply["type"] == "error" and "seed" in reply["data"]["message"]
+            assert reply["data"]["code"] == "VALIDATION_ERROR"  # bad input, as OpenEnv names it
+        reply = ask(ws, {"type": "reset", "data": {"seed": 1, "colour": "red"}})
+        assert reply["data"]["code"] == "VALIDATION_ERROR" and "colour" in reply["data"]["message"]
         assert ask(ws, {"type": "reset", "data": {"seed": 3}})["type"] == "observation"
         reply = ask(ws, {"type": "step", "data": {"message": "x" * 10_000_000}})  # 10 MB
         assert reply["type"] == "error" and "10,000,000 characters" in reply["data"]["message"]
+        assert reply["data"]["code"] == "VALIDATION_ERROR"
         assert len(json.dumps(reply)) < 1000  # the action is not echoed back
         ws.send(b"\xff\xfe not utf-8")
         assert json.loads(ws.recv(timeout=10))["data"]["code"] == "INVALID_JSON"
@@ -279,6 +295,70 @@ def test_hostile_messages_get_clear_errors_and_the_session_goes_on():
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=10)
         assert get(url + "/health")["status"] == "healthy"
+
+
+def test_frames_that_are_json_but_not_objects_get_an_error_and_the_session_goes_on():
+    with serving("test/Guess-v0", backend="inline") as url, connect(ws_url(url)) as ws:
+        assert ask(ws, {"type": "reset", "data": {"seed": 3}})["type"] == "observation"
+        for frame, kind in (("[1,2,3]", "an array"), ('"hello"', "a string"), ("null", "null"), (" 7", "a number"),
+                            ("true", "a boolean")):
+            reply = ask(ws, frame)
+            assert reply["type"] == "error" and reply["data"]["code"] == "VALIDATION_ERROR", reply
+            assert f"got {kind}" in reply["data"]["message"] and "JSON object" in reply["data"]["message"]
+        ws.send(b"[1]")  # a binary frame holding one
+        assert json.loads(ws.recv(timeout=60))["data"]["code"] == "VALIDATION_ERROR"
+        reply = ask(ws, {"type": "step", "data": {"message": "5"}})  # the same session and episode go on
+        assert reply["type"] == "observation" and reply["data"]["observation"]["info"]["valid_action"]
+        assert ask(ws, {"type": "state"})["data"]["step_count"] == 1
+
+
+class ForgettingEnv(GuessEnv):
+    """A served env that, like many third-party envs, says ``terminated=False`` to a step after its episode ended."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated and info["valid_action"], truncated, info
+
+
+if "test/Forgetting-v0" not in gym.registry:
+    gym.register("test/Forgetting-v0", entry_point=f"{__name__}:ForgettingEnv", max_episode_steps=12)
+
+
+@pytest.mark.parametrize("env_id", ["test/Guess-v0", "test/Forgetting-v0"])
+def test_a_step_after_the_end_keeps_the_episode_over(env_id):
+    with serving(env_id, backend="inline") as url, connect(ws_url(url)) as ws:
+        ask(ws, {"type": "reset", "data": {"seed": 0}})
+        target = gym.make("test/Guess-v0").unwrapped
+        target.reset(seed=0)
+        won = ask(ws, {"type": "step", "data": {"message": target.oracle_action()}})["data"]
+        assert won["done"] and won["observation"]["terminated"] and won["reward"] == 1.0
+        for action in ("5", target.oracle_action()):
+            after = ask(ws, {"type": "step", "data": {"message": action}})["data"]
+            assert after["done"] and after["observation"]["terminated"] and not after["observation"]["truncated"]
+            assert after["reward"] == 0.0 and not after["observation"]["info"]["valid_action"]
+            assert ask(ws, {"type": "state"})["data"]["done"]  # never flips back
+        ask(ws, {"type": "reset", "data": {"seed": 0}})
+        assert not ask(ws, {"type": "state"})["data"]["done"]  # until the next reset
+        remote = RemoteEnv(url)
+        try:
+            remote.reset(seed=0)
+            assert remote.step(target.oracle_action())[2]
+            assert remote.step("5")[2:4] == (True, False)
+            assert remote.step(["not", "text"])[2:4] == (True, False)  # an invalid move answered by the client
+        finally:
+            remote.close()
+
+
+def test_a_step_after_truncation_keeps_the_episode_truncated():
+    with serving("test/Guess-v0", backend="inline", env_kwargs={"max_episode_steps": 2}) as url:
+        env = RemoteEnv(url)
+        try:
+            env.reset(seed=0)
+            flags = [env.step("0")[2:4] for _ in range(4)]  # "0" is never the target: invalid, never a win
+            assert flags == [(False, False), (False, True), (False, True), (False, True)]
+            assert env.state()["done"]
+        finally:
+            env.close()
 
 
 def test_sessions_beyond_max_concurrent_are_refused_until_one_closes():
@@ -340,24 +420,35 @@ def test_remote_env_needs_a_url_and_names_an_unreachable_server(monkeypatch):
 
 
 # ---------------------------------------------------------------- the CLI
-def test_cli_serves_an_env_that_remote_env_plays(tmp_path):
+def free_port() -> int:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
+    return port
+
+
+def test_cli_serves_an_env_that_remote_env_plays_once_it_says_so():
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "crl_envs.serve", "crl/Sokoban-6x6-2-v0", "--port", str(port),
-                             "--max-concurrent", "2", "--backend", "inline"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # the real CLI, whose print first checks whether the port accepts connections by then
+    launcher = ("import builtins, socket, sys\n"
+                "from crl_envs import serve\n"
+                "def print(*args, **kwargs):\n"
+                f"    with socket.socket() as s: listening = s.connect_ex(('127.0.0.1', {port})) == 0\n"
+                "    builtins.print('listening:' if listening else 'not listening:', *args, **kwargs)\n"
+                "serve.print = print\n"
+                f"sys.exit(serve.main(['crl/Sokoban-6x6-2-v0', '--port', '{port}', '--max-concurrent', '2', "
+                "'--backend', 'inline']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert get(url + "/health")["status"] == "healthy"
-                break
-            except (urllib.error.URLError, OSError):
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-                time.sleep(0.2)
+        first: list[str] = []
+        reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout=300)  # imports on a loaded machine take a while; the line must come before any use
+        assert first and first[0].startswith(f"listening: serving crl/Sokoban-6x6-2-v0 at {url} "), first
+        assert get(url + "/health")["status"] == "healthy"  # no retries: it said so once listening
         actions = oracle_actions("crl/Sokoban-6x6-2-v0", 4, 3)
         remote = gym.make("crl/Remote-v0", url=url)
         try:
@@ -366,10 +457,24 @@ def test_cli_serves_an_env_that_remote_env_plays(tmp_path):
             remote.close()
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=60)
+        proc.stdout.close()
+
+
+def test_cli_refuses_a_bad_id_and_a_taken_port_in_one_line():
     bad = subprocess.run([sys.executable, "-m", "crl_envs.serve", "crl/Sokoban-6x6-2-v1"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Did you mean: crl/Sokoban-6x6-2-v0" in bad.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "crl_envs.serve", "crl/Sokoban-6x6-2-v0", "--port", str(port),
+                              "--backend", "inline"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "serving" not in out.stdout, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0] and "--port" in lines[0]
 
 
 # ---------------------------------------------------------------- the README's TRL example
