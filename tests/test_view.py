@@ -121,9 +121,11 @@ def test_a_torn_trajectories_file_keeps_the_complete_episodes(runs, tmp_path):
     with pytest.warns(UserWarning, match="torn"):
         assert len(load_trajectories(run)) == 4
     out = tmp_path / "site"
-    with pytest.warns(UserWarning):
-        build_site(out, [run])
-    assert _manifest(out)["runs"][0]["trajectories"] == 4
+    stats = build_site(out, [run])  # the build names the cut in its warnings (printed, and on the run page)
+    assert any(str(path) in w and "torn" in w for w in stats.warnings), stats.warnings
+    manifest_run = _manifest(out)["runs"][0]
+    assert manifest_run["trajectories"] == 4 and manifest_run["trajectories_file"] == "cut"
+    assert manifest_run["warnings"] == stats.warnings
 
 
 def test_bad_inputs_give_clear_errors(runs, tmp_path, capsys):
