@@ -23,7 +23,8 @@ step a named call in :func:`_train`, numbered as here:
    all in flight at once on the run's env pool through :func:`crl_agent.rollout.play` (the driver
    ``eval.run`` uses), the policy scoring the admissible actions (``action_mode="score"``). In
    ``crl`` mode the first half of each group plays without experience and the second half with it
-   (``EpisodeContext.with_experience``).
+   (``EpisodeContext.with_experience``). Every episode of the step searches the bank flushed in 1: the
+   step's distillations run meanwhile, but their writes wait until the rollouts end.
 4. **Advantages**: :func:`crl_agent.rl.split_group_advantages` on the binary outcome, within each
    (seed, with/without experience) half; ``--adv-scale mean`` (the official code) or ``mean_std``.
 5. **Actor update**: scored turns become :class:`crl_agent.rl.TurnSample` s
@@ -88,6 +89,7 @@ from crl_agent.train_setup import (  # noqa: F401 - build and RunSetup re-export
     build_run,
     call_log_offset,
     check_world,
+    one_bank_snapshot,
     open_env_pool,
     prepare_run_folder,
     restore_run,
@@ -136,7 +138,8 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             t0 = time.perf_counter()
             merged = await bank_upkeep(cfg, setup, step, out, dist)                                  # 1.
             extractor_update = await start_extractor_update(cfg, setup, step, dist)                  # 2.
-            batch = await rollout(cfg, pool, setup.agent, step, dist)                                # 3.
+            with one_bank_snapshot(setup.manager):  # the bank's writes land after the step's rollouts
+                batch = await rollout(cfg, pool, setup.agent, step, dist)                            # 3.
             rollout_s = time.perf_counter() - t0
             advantages = group_advantages(cfg, batch)                                                # 4.
             actor = await actor_update(cfg, setup, batch, advantages, step, dist)                    # 5.

@@ -161,6 +161,9 @@ class TrainConfig:
                              "--temperature, --score-norm, --history, --seed, --embedder, --distil-*)")
         if not isinstance(self.agent_args.get("manager_config", {}), dict):
             raise ValueError("--agent-arg manager_config must be a JSON object")
+        if str(self.agent_args.get("sync_experience", False)).strip().lower() in ("true", "1", "yes", "on"):
+            raise ValueError("--agent-arg sync_experience: the trainer's episodes all search the bank flushed before "
+                             "their step (its distillations land after its rollouts), so none can wait for them")
 
 
 def manager_settings(cfg: TrainConfig) -> dict[str, Any]:

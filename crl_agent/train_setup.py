@@ -6,6 +6,7 @@ pool, and the plumbing that keeps the ranks of a ``torchrun`` run on one bank (:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -256,6 +257,22 @@ async def sync_bank(agent, out: Path, dist) -> None:
     if not dist.main:
         await agent.load_bank_snapshot(out / "experience_bank")
     dist.barrier()  # rank 0 writes nothing until every copy is made
+
+
+@contextlib.contextmanager
+def one_bank_snapshot(manager):
+    """Every episode played inside searches the same bank: the one :func:`sync_bank` flushed before the
+    step. Distillations of the step's finished episodes still run, but their writes (and any merge) wait
+    until the block ends (:meth:`ExperienceManager.hold_writes`), so no episode sees a lesson drawn from
+    its own group-mates on the same seed. ``manager`` ``None`` (grpo): nothing to hold."""
+    if manager is None:
+        yield
+        return
+    manager.hold_writes()
+    try:
+        yield
+    finally:
+        manager.release_writes()
 
 
 def share_episodes_with_rank0(agent, dist) -> None:

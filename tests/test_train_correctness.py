@@ -23,6 +23,13 @@ def test_a_temperature_that_is_not_positive_is_refused_before_the_run_starts(tem
     TrainConfig(temperature=0.1).check()
 
 
+@pytest.mark.parametrize("value", [True, "true"])
+def test_an_episode_may_not_wait_for_its_own_steps_distillations(value):
+    with pytest.raises(ValueError, match="sync_experience"):
+        TrainConfig(mode="crl", agent_args={"sync_experience": value}).check()
+    TrainConfig(mode="crl", agent_args={"sync_experience": False}).check()
+
+
 # ------------------------------------------------------------------ usage errors: the configuration only
 def test_a_value_error_deep_inside_training_keeps_its_traceback_and_is_no_usage_error(tiny, tmp_path, monkeypatch):
     import crl_agent.train as tr
@@ -100,6 +107,78 @@ def test_held_out_evaluations_and_checkpoints_wait_for_the_steps_distillations(t
     assert main(args) == 0
     assert len(distilled) == 4  # 2 steps x 2 training episodes (held-out ones are never distilled)
     assert pending_at_eval == [0, 0, 0] and pending_at_checkpoint == [0, 0]
+
+
+# ------------------------------------------------------------------ one bank snapshot per step
+def test_every_episode_of_a_step_searches_the_bank_flushed_before_it_and_the_steps_writes_land_after(tiny, tmp_path,
+                                                                                                    monkeypatch):
+    import asyncio
+    import itertools
+    import json
+
+    import crl_agent.train as tr
+    from crl_agent.episode import episode_key
+    from crl_agent.experience import ExperienceManager
+    from crl_agent.experience import extractor as ex
+
+    real_play, real_search, real_parse = tr.play, ExperienceManager.search, ex.parse_distil
+    numbers = itertools.count()
+    window: list[set[str] | None] = [None]  # the keys of the episodes the running step plays
+    windows: list[set[str]] = []
+    searches: list[tuple[int, list[str]]] = []  # (step, the episodes each returned entry was distilled from)
+    applied_in_rollouts = []
+
+    async def play(pool, agent, ctxs):  # one episode after another, so later ones start after earlier ones end
+        if window[0] is None:  # a held-out evaluation
+            return await real_play(pool, agent, ctxs)
+        window[0].update(episode_key(c.env_id, c.seed, c.sample) for c in ctxs)
+        episodes = []
+        for c in ctxs:
+            if c.with_experience:  # give the step's distillations every chance to land first (as before the fix)
+                for _ in range(40):
+                    if not agent.manager.pending:
+                        break
+                    await asyncio.sleep(0.05)
+            episodes += await real_play(pool, agent, [c])
+        return episodes
+
+    async def rollout(*args, **kwargs):
+        window[0] = set()
+        windows.append(window[0])
+        try:
+            return await real_rollout(*args, **kwargs)
+        finally:
+            window[0] = None
+
+    async def search(self, query, k=None, task=None):
+        entries = await real_search(self, query, k, task)
+        searches.append((len(windows) if window[0] is not None else 0,
+                         [s.split("@")[0] for e in entries for s in e.sources]))
+        return entries
+
+    def parse_distil(text, valid_ids):  # every distillation writes one entry
+        applied_in_rollouts.append(window[0] is not None)
+        i = next(numbers)
+        reply = {"operations": [{"op": "add", "title": f"Door {i}", "content": f"If door {i} is shut, then try it."}]}
+        return real_parse(json.dumps(reply), valid_ids)
+
+    real_rollout = tr.rollout
+    monkeypatch.setattr(tr, "play", play)
+    monkeypatch.setattr(tr, "rollout", rollout)
+    monkeypatch.setattr(ExperienceManager, "search", search)
+    monkeypatch.setattr(ex, "parse_distil", parse_distil)
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "static", "--model", tiny, "--dtype",
+            "float32", "--steps", "2", "--groups", "1", "--group-size", "4", "--eval-episodes", "1", "--eval-every", "0",
+            "--embedder", "hash", "--lora-rank", "4", "--distil-max-tokens", "8", "--concurrency", "1",
+            "--dynamic-sampling", "0", "--agent-arg", "max_tool_calls=0"]
+    assert main(args) == 0
+    assert len(windows) == 2 and any(applied_in_rollouts)  # distillations ran while the step's episodes played
+    step_searches = [(step, sources) for step, sources in searches if step]  # the held-out ones come after
+    assert [step for step, _ in step_searches] == [1, 1, 2, 2]  # the with-experience half of each step
+    for step, sources in step_searches:  # no episode saw a lesson drawn from its own step's episodes
+        assert not set(sources) & windows[step - 1], (step, sources)
+    # the writes of step 1 landed after its rollouts: step 2's episodes see them
+    assert all(set(sources) & windows[0] for step, sources in step_searches if step == 2)
 
 
 # ------------------------------------------------------------------ the extractor's samples

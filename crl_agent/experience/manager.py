@@ -15,6 +15,9 @@
 - **pause**: while the extractor trains (:meth:`pause_extractor` ... :meth:`resume_extractor`), its
   calls wait and so do the bank's writes: distillations stay queued, merges wait, search-and-ask
   answers from the retrieved entries alone; searches go on, so rollouts never wait for the trainer.
+- **hold writes**: while a training step's episodes play (:meth:`hold_writes` ... :meth:`release_writes`)
+  the extractor still distils, but the operations wait to be applied (and merges wait), so every
+  episode of the step searches the same bank: none sees a lesson drawn from its own group-mates.
 - Every extractor call and every guided episode's outcome go to the JSONL call log
   (:mod:`crl_agent.experience.calllog`) for the extractor's trainer.
 """
@@ -22,6 +25,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -159,6 +163,8 @@ class ExperienceManager:
         self._closed = False
         self._extractor_free = asyncio.Event()  # cleared while the extractor trains (pause_extractor)
         self._extractor_free.set()
+        self._writes_free = asyncio.Event()  # cleared while a step's episodes play (hold_writes)
+        self._writes_free.set()
         self.stats: dict[str, float] = dict.fromkeys(
             (
                 "searches", "search_batches", "cache_hits", "search_s", "distillations", "adds", "updates", "nones",
@@ -191,6 +197,7 @@ class ExperienceManager:
             return
         if flush and self._distil_q is not None:
             self.resume_extractor()  # closing: held distillations run (after any update still in progress)
+            self.release_writes()
             await self.flush()
         self._closed = True
         for t in self._tasks:
@@ -219,6 +226,34 @@ class ExperienceManager:
     @property
     def extractor_paused(self) -> bool:
         return not self._extractor_free.is_set()
+
+    def hold_writes(self) -> None:
+        """Hold every bank write (distillations' operations, merges) until :meth:`release_writes`.
+
+        The trainer holds them while a step's episodes play, so that all of them search the bank as it
+        was flushed before the step. Unlike :meth:`pause_extractor` the extractor keeps working:
+        distillations run and wait only to apply their operations; search-and-ask is answered.
+        """
+        self._writes_free.clear()
+
+    def release_writes(self) -> None:
+        """Let the held bank writes land (idempotent)."""
+        self._writes_free.set()
+
+    @property
+    def writes_held(self) -> bool:
+        return not self._writes_free.is_set()
+
+    @contextlib.asynccontextmanager
+    async def _bank_write(self):
+        """The bank's write lock, taken once writes are not held. The hold is checked again with the lock
+        in hand: it may begin while a write waits for the searches in flight."""
+        while True:
+            await self._writes_free.wait()
+            async with self.lock.write():
+                if self._writes_free.is_set():
+                    yield
+                    return
 
     async def replace_bank(self, bank: ExperienceBank) -> ExperienceBank:
         """Serve searches and apply operations on ``bank`` from now on; returns the old one (its owner
@@ -332,6 +367,8 @@ class ExperienceManager:
         assert self._distil_q is not None
         if self.extractor_paused and self._pending:
             raise RuntimeError("flush() while the extractor is paused would wait for ever: resume_extractor() first")
+        if self.writes_held and self._pending:
+            raise RuntimeError("flush() while bank writes are held would wait for ever: release_writes() first")
         await self._distil_q.join()
         async with self.lock.write():
             await asyncio.to_thread(self.bank.save)
@@ -368,7 +405,7 @@ class ExperienceManager:
         completion, seconds = await self._chat(messages, params)
         ops, errors = ex.parse_distil(completion.text, valid_ids)
         call_id = self._new_call_id()
-        async with self.lock.write():
+        async with self._bank_write():
             applied, touched, apply_errors = await asyncio.to_thread(self._apply_distil, traj, ops, call_id)
         errors += apply_errors
         self.stats["malformed"] += len(errors)
@@ -420,6 +457,7 @@ class ExperienceManager:
         assert self._merge_lock is not None
         counts: dict[str, int] = {}
         await self._extractor_free.wait()
+        await self._writes_free.wait()
         async with self._merge_lock:
             self.stats["merges"] += 1
             for t in [task] if task is not None else list(self.bank.tasks()):
@@ -455,7 +493,7 @@ class ExperienceManager:
         decision, errors = ex.parse_merge(completion.text, ids)
         call_id = self._new_call_id()
         touched: list[int] = []
-        async with self.lock.write():
+        async with self._bank_write():
             current = {e.id: e.updated for e in self.bank.get_many(ids)}
             if current != {e.id: e.updated for e in cluster}:
                 errors.append("cluster changed while the extractor was thinking; left alone")
