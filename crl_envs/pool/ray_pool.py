@@ -2,14 +2,18 @@
 
 Each actor hosts several envs (slots are spread round-robin over ``num_workers`` actors),
 so a run scales over a Ray cluster. Calls to one actor made in the same turn of the event loop
-(e.g. every episode on it stepping after the last batch of steps came back) go to it as one Ray
-call, :meth:`_ActorBody.call_many`: a Ray round trip costs about a millisecond, so 16 slots on
-an actor pay about 1/16 of it a step.
+(e.g. every episode on it stepping after the last batch of steps came back) go to it as one batch.
+A batch travels over a direct socket to the actor (:mod:`crl_envs.pool.ray_channel`: a Ray round
+trip costs about a millisecond, the socket's about 50 us); Ray places, kills and re-creates the
+actors. Where the pool cannot connect to an actor (a firewall between nodes), or with
+``direct=False``, each batch is one Ray call, :meth:`_ActorBody.call_many`, so 16 slots on an actor
+pay about 1/16 of Ray's round trip a step.
 
 Faults are handled like the process backend, with the same slot bookkeeping
 (:mod:`crl_envs.pool.slots`): a call that times out or whose actor dies fails with
 :class:`EnvError`, the actor is killed and re-created with its envs, every other episode it
-hosted is lost until its slot is reset, and other actors keep running. The calls of a batch are
+hosted is lost until its slot is reset, and other actors keep running (an actor whose socket closes
+has died: its calls fail as ``"crash"``). The calls of a batch are
 answered one by one: an env that raises fails only its own call. As in the process backend,
 a timeout counts from when the actor begins the work (batches on one actor run one after the
 other, so a batch's clock starts when the one ahead of it returns); a batch may run as long as
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +42,7 @@ import gymnasium as gym
 
 from crl_envs.pool.base import EnvError
 from crl_envs.pool.host import answer, settle
+from crl_envs.pool.ray_channel import Channel, ChannelLost, ChannelServer, new_secret
 from crl_envs.pool.slots import SlotFront, SlotTable, parse_envs
 
 
@@ -81,6 +87,26 @@ class _ActorBody:
         """Serve ``calls`` in order through :meth:`call`, each answered as :func:`crl_envs.pool.host.answer` does."""
         return [answer(self, *c) for c in calls]
 
+    def open_channel(self, secret: bytes) -> tuple[str, int]:
+        """Listen for the pool's direct socket (:mod:`crl_envs.pool.ray_channel`); returns its address."""
+        import ray
+
+        self.channel = ChannelServer(self.serve_pickled, secret, ray.util.get_node_ip_address())
+        return self.channel.address
+
+    def serve_pickled(self, calls: list[bytes]) -> list[tuple[bool, bytes]]:
+        """:meth:`call_many` for calls pickled one by one (a call that cannot be unpickled here fails alone)."""
+        out = []
+        for data in calls:
+            try:
+                call = pickle.loads(data)  # noqa: S301 - from the pool that holds the channel's secret
+            except Exception as e:  # noqa: BLE001 - e.g. a class only the pool's process can import
+                out.append((False, pickle.dumps((type(e).__name__, f"the call cannot be unpickled in the actor: {e}",
+                                                 ""))))
+                continue
+            out.append(answer(self, *call))
+        return out
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -110,6 +136,7 @@ class RayEnvPool(SlotFront):
         reset_timeout: the same for ``reset`` and actor creation.
         actor_options: Ray actor options (``ray.remote(...).options``) over the default ``num_cpus=0``,
             e.g. ``{"resources": {"env_host": 1}}``; a ``scheduling_strategy`` there replaces the spread.
+        direct: send calls over a direct socket to each actor (False: every batch is a Ray call).
     """
 
     def __init__(
@@ -119,6 +146,7 @@ class RayEnvPool(SlotFront):
         timeout: float = 60.0,
         reset_timeout: float = 300.0,
         actor_options: dict[str, Any] | None = None,
+        direct: bool = True,
     ):
         pairs = parse_envs(envs)
         self.num_workers = max(1, min(num_workers or min(2, len(pairs)), len(pairs)))
@@ -129,6 +157,12 @@ class RayEnvPool(SlotFront):
         self._nodes: list[str | None] = [None] * self.num_workers  # the node each actor was placed on
         self._queued: list[list[_Call]] = [[] for _ in range(self.num_workers)]  # the next batch of each actor
         self._last: list[asyncio.Future | None] = [None] * self.num_workers  # the last batch sent to each actor
+        self.direct = bool(direct)
+        self._secret = new_secret()
+        self._channels: list[Channel | None] = [None] * self.num_workers
+        # batches held while an actor's channel opens (None: not opening), sent in order once it is open or not
+        self._waiting: list[list[list[_Call]] | None] = [None] * self.num_workers
+        self.channel_errors: list[str | None] = [None] * self.num_workers  # why an actor is served by Ray calls
         self._restarts = 0
         self._closed = False
         self._started = False
@@ -186,7 +220,19 @@ class RayEnvPool(SlotFront):
         self._started = True
         for w in range(self.num_workers):
             self._spawn(w)
-        reports = await asyncio.gather(*(asyncio.wait_for(a.made.remote(), self.reset_timeout) for a in self.actors))
+            if self.direct:
+                self._waiting[w] = []
+        made = False
+        try:
+            reports = await asyncio.gather(*(asyncio.wait_for(a.made.remote(), self.reset_timeout)
+                                             for a in self.actors))
+            made = True
+        finally:
+            if self.direct and made:
+                await asyncio.gather(*(self._open_channel(w) for w in range(self.num_workers)))
+            elif self.direct:  # the actors did not come up: held calls go as Ray calls (and fail as those do)
+                for w in range(self.num_workers):
+                    self._send_held(w)
         broken = []
         for report in reports:
             for slot, (limit, why) in report.items():
@@ -207,10 +253,36 @@ class RayEnvPool(SlotFront):
             ray.kill(self.actors[w], no_restart=True)
         except Exception:  # noqa: BLE001, S110 - it may be dead already
             pass
+        if self._channels[w] is not None:
+            self._channels[w].close()
+            self._channels[w] = None
         self.slots.lose(w, cause, detail)
         self._restarts += 1
         if not self._closed:
             self._spawn(w)
+            if self.direct and self._waiting[w] is None:
+                self._waiting[w] = []
+                asyncio.ensure_future(self._open_channel(w))
+
+    async def _open_channel(self, w: int) -> None:
+        """Open actor ``w``'s direct socket (or leave it to Ray calls, saying why), then send the batches held."""
+        actor = self.actors[w]
+        try:
+            address = await asyncio.wait_for(actor.open_channel.remote(self._secret), self.reset_timeout)
+            channel = await Channel.open(tuple(address), self._secret, timeout=min(30.0, self.reset_timeout))
+        except Exception as e:  # noqa: BLE001 - a firewall, or the actor died: Ray calls serve it (and find out)
+            channel, self.channel_errors[w] = None, f"{type(e).__name__}: {e}"
+        if channel is not None:
+            if self.actors[w] is actor and not self._closed:
+                self._channels[w], self.channel_errors[w] = channel, None
+            else:  # replaced or closed while the channel opened
+                channel.close()
+        self._send_held(w)
+
+    def _send_held(self, w: int) -> None:
+        held, self._waiting[w] = self._waiting[w] or [], None
+        for calls in held:
+            self._dispatch(w, calls)
 
     async def _request(self, slot: int, method: str, args: tuple, timeout: float,
                        kwargs: dict[str, Any] | None = None) -> Any:
@@ -229,23 +301,45 @@ class RayEnvPool(SlotFront):
             raise
 
     def _send(self, w: int) -> None:
-        """Send actor ``w`` the calls queued for it, as one Ray call."""
+        """Send actor ``w`` the calls queued for it, as one batch."""
         calls, self._queued[w] = self._queued[w], []
+        if self._waiting[w] is not None and not self._closed:  # its channel is opening: after it, in order
+            self._waiting[w].append(calls)
+            return
+        self._dispatch(w, calls)
+
+    def _dispatch(self, w: int, calls: list[_Call]) -> None:
+        """Send ``calls`` to actor ``w`` as one batch: over its channel, or as one Ray call."""
         if self._closed:
             for c in calls:
                 _fail(c, self._error(c.slot, "closed", "the pool was closed"))
             return
-        actor = self.actors[w]
+        actor, channel = self.actors[w], self._channels[w]
+        if channel is not None and channel.loop is asyncio.get_running_loop():
+            payloads, sent = [], []
+            for c in calls:
+                try:
+                    payloads.append(_pickle_call(c))
+                except Exception as e:  # noqa: BLE001 - e.g. an action that cannot be pickled: fails alone
+                    _fail(c, self._error(c.slot, "exception", f"the {c.method} request cannot be sent to the actor: "
+                                                              f"{type(e).__name__}: {e}"))
+                    continue
+                sent.append(c)
+            if sent:
+                ahead = self._last[w]
+                self._last[w] = asyncio.ensure_future(self._await_batch(w, actor, sent, channel.request(payloads),
+                                                                        ahead))
+            return
         try:
             ref = actor.call_many.remote([(c.slot, c.method, c.args, c.kwargs) for c in calls])
         except Exception as e:  # noqa: BLE001 - e.g. an action Ray cannot serialise
             if len(calls) > 1:  # send them one by one, so only that call fails
                 for c in calls:
-                    self._queued[w].append(c)
-                    self._send(w)
+                    self._dispatch(w, [c])
                 return
             c = calls[0]
-            _fail(c, self._error(c.slot, "exception", f"the {c.method} request failed in Ray: {type(e).__name__}: {e}"))
+            _fail(c, self._error(c.slot, "exception", f"the {c.method} request cannot be sent to the actor "
+                                                      f"(Ray): {type(e).__name__}: {e}"))
             return
         ahead = self._last[w]
         self._last[w] = asyncio.ensure_future(self._await_batch(w, actor, calls, ref, ahead))
@@ -261,7 +355,7 @@ class RayEnvPool(SlotFront):
             what = " or ".join(sorted({c.method for c in calls}))
             self._lose_batch(w, actor, calls, "timeout", f"{what} took longer than {timeout:g} s")
             return
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
+        except (ChannelLost, ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError) as e:
             # unschedulable: placed on a node that was lost before the actor started; its replacement goes elsewhere
             self._lose_batch(w, actor, calls, "crash", f"actor died: {str(e).splitlines()[0]}")
             return
@@ -283,6 +377,10 @@ class RayEnvPool(SlotFront):
     def restarts(self) -> int:
         return self._restarts
 
+    def channels_open(self) -> list[bool]:
+        """Per actor: whether its calls go over the direct socket (else as Ray calls; ``channel_errors`` says why)."""
+        return [c is not None for c in self._channels]
+
     async def actor_nodes(self) -> list[str | None]:
         """The Ray node id each actor runs on (``None`` for one that does not answer), e.g. to check the spread."""
         ray = _ray()
@@ -301,6 +399,9 @@ class RayEnvPool(SlotFront):
         if self._closed:
             return
         self._closed = True
+        for channel in self._channels:
+            if channel is not None:
+                channel.close()
         if self._started:
             ray = _ray()
             for a in self.actors:
@@ -309,6 +410,12 @@ class RayEnvPool(SlotFront):
                         ray.kill(a, no_restart=True)
                     except Exception:  # noqa: BLE001, S110
                         pass
+
+
+def _pickle_call(c: _Call) -> bytes:
+    from ray import cloudpickle  # as Ray would pickle the call's arguments
+
+    return cloudpickle.dumps((c.slot, c.method, c.args, c.kwargs), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _fail(call: _Call, error: EnvError) -> None:
