@@ -205,11 +205,14 @@ async def start_extractor_update(cfg: TrainConfig, setup: RunSetup, step: int, d
 
 async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> Rollouts:
     """3. Play this rank's share of the step's groups (``--groups`` seeds x ``--group-size`` rollouts; crl and
-    static: the first K/2 of each group without experience); with ``--dynamic-sampling N`` (DAPO), while
-    fewer of them than were scheduled have mixed outcomes, play fresh groups (at most N more) and keep for
-    the update only the groups with mixed outcomes. Under torchrun the other ranks' finished episodes then
-    reach rank 0's experience manager."""
+    static: the first K/2 of each group without experience); with ``--dynamic-sampling N`` (DAPO, per
+    half: advantages are normalised within each (group, with/without experience) half, so a half is what
+    has or lacks signal), while fewer halves than were scheduled have mixed outcomes, play fresh groups (at
+    most N more) and keep for the update only the halves with mixed outcomes: an all-alike half has zero
+    advantages and would only dilute the per-episode weighting. Under torchrun the other ranks' finished
+    episodes then reach rank 0's experience manager."""
     tasks, half = cfg.task_ids, cfg.group_size // 2
+    halves_per_group = 2 if cfg.experience else 1
 
     def contexts(groups: range, distilled: set[tuple[int, int]]) -> list[EpisodeContext]:
         # each step's groups go to the tasks in turn; training seeds stay below --eval-seed
@@ -224,25 +227,27 @@ async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> Rollouts:
             if c.episode_index in mine]
     episodes = await play(pool, agent, ctxs)
     scheduled = (list(ctxs), list(episodes))
-    signal = scheduled_signal = informative_groups(ctxs, episodes)
-    wanted = len(mine)
+    signal = scheduled_signal = informative_halves(ctxs, episodes)
+    wanted = len(mine) * halves_per_group
     first = next_g = cfg.groups + dist.rank * cfg.dynamic_sampling
     while len(signal) < wanted and next_g < first + cfg.dynamic_sampling:
-        more = range(next_g, min(next_g + wanted - len(signal), first + cfg.dynamic_sampling))
+        missing_groups = -(-(wanted - len(signal)) // halves_per_group)
+        more = range(next_g, min(next_g + missing_groups, first + cfg.dynamic_sampling))
         next_g = more.stop
         extra = contexts(more, distil_choice(cfg, random.Random(cfg.seed * 7_919 + step * 1_000_003 + more.start),
                                              more))
         ctxs += extra
         episodes += await play(pool, agent, extra)
-        signal = informative_groups(ctxs, episodes)
-    if cfg.dynamic_sampling:  # DAPO's filter: a group whose outcomes are all alike has nothing to teach
-        keep = [i for i, c in enumerate(ctxs) if c.episode_index in signal]
+        signal = informative_halves(ctxs, episodes)
+    if cfg.dynamic_sampling:  # DAPO's filter: a half whose outcomes are all alike has nothing to teach
+        keep = [i for i, c in enumerate(ctxs) if (c.episode_index, c.with_experience) in signal]
         ctxs, episodes = [ctxs[i] for i in keep], [episodes[i] for i in keep]
-    kept_groups = {c.episode_index for c in ctxs}
+    kept_halves = {(c.episode_index, c.with_experience) for c in ctxs}
     share_episodes_with_rank0(agent, dist)
     return Rollouts(ctxs, episodes, scheduled=scheduled, extra_groups=next_g - first,
+                    signal_groups=len({g for g, _ in scheduled_signal}) / max(1, len(mine)),
                     signal_scheduled=len(scheduled_signal) / max(1, wanted),
-                    signal_batch=len(signal & kept_groups) / max(1, len(kept_groups)))
+                    signal_batch=len(signal & kept_halves) / max(1, len(kept_halves)))
 
 
 def group_advantages(cfg: TrainConfig, batch: Rollouts) -> list[float]:
@@ -280,7 +285,7 @@ def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, 
                          for c, e in zip(played, played_eps, strict=True) if e.error is None],
              "episodes": len(played_eps), "tokens": rollout_tokens(played_eps), "samples": actor.samples,
              "stats": rollout_stats([e for e in played_eps if e.error is None]),
-             "signal": (batch.signal_scheduled, batch.signal_batch, batch.extra_groups)}
+             "signal": (batch.signal_groups, batch.signal_scheduled, batch.signal_batch, batch.extra_groups)}
     parts = dist.gather(local)
     every = [x for p in parts for x in p["rewards"]]
     n_episodes = sum(p["episodes"] for p in parts)
@@ -290,10 +295,12 @@ def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, 
            "samples": sum(p["samples"] for p in parts), "episodes": n_episodes,
            "errored": n_episodes - len(every),
            "train_success": sum(r for *_, r in every) / max(1, len(every)),
-           # the share of groups whose advantages are not all zero: scheduled, and in the batch learned from
+           # the share of scheduled groups with mixed outcomes in either half, and of (group, with/without
+           # experience) halves, whose advantages are not all zero: scheduled, and in the batch learned from
            "signal_groups": sum(p["signal"][0] for p in parts) / len(parts),
-           "signal_groups_batch": sum(p["signal"][1] for p in parts) / len(parts),
-           "extra_groups": sum(p["signal"][2] for p in parts),
+           "signal_halves": sum(p["signal"][1] for p in parts) / len(parts),
+           "signal_halves_batch": sum(p["signal"][2] for p in parts) / len(parts),
+           "extra_groups": sum(p["signal"][3] for p in parts),
            **{k: sum(p["stats"].get(k, 0.0) for p in parts) / len(parts) for k in parts[0]["stats"]},
            **{f"actor/{k}": v for k, v in actor.metrics.items()}}
     if dist.world > 1:
@@ -355,14 +362,16 @@ class Rollouts:
         contexts, episodes: what the update learns from (after dynamic sampling's filter).
         scheduled: the scheduled groups' contexts and episodes (what ``train_success`` is measured on).
         extra_groups: groups dynamic sampling added.
-        signal_scheduled, signal_batch: the share of groups with mixed outcomes among the scheduled, and
-            in the batch kept.
+        signal_groups: the share of the scheduled groups with mixed outcomes in either half.
+        signal_scheduled, signal_batch: the share of (group, with/without experience) halves with mixed
+            outcomes among the scheduled, and in the batch kept.
     """
 
     contexts: list[EpisodeContext]
     episodes: list[Episode]
     scheduled: tuple[list[EpisodeContext], list[Episode]]
     extra_groups: int = 0
+    signal_groups: float = 0.0
     signal_scheduled: float = 0.0
     signal_batch: float = 0.0
 
@@ -528,14 +537,14 @@ def has_signal(rewards: list[float]) -> bool:
     return len(set(rewards)) > 1
 
 
-def informative_groups(ctxs: list[EpisodeContext], episodes: list[Episode]) -> set[int]:
-    """The groups (``episode_index``) with mixed outcomes in either half (errored episodes left out): the
-    groups whose advantages are not all zero."""
+def informative_halves(ctxs: list[EpisodeContext], episodes: list[Episode]) -> set[tuple[int, bool]]:
+    """The halves ``(episode_index, with_experience)`` with mixed outcomes (errored episodes left out): the
+    halves whose advantages are not all zero (grpo: each group is one half, without experience)."""
     halves: dict[tuple[int, bool], list[float]] = {}
     for c, e in zip(ctxs, episodes, strict=True):
         if e.error is None:
             halves.setdefault((c.episode_index, c.with_experience), []).append(float(e.success))
-    return {g for (g, _), rs in halves.items() if has_signal(rs)}
+    return {h for h, rs in halves.items() if has_signal(rs)}
 
 
 # ---------------------------------------------------------------------------------------- CLI

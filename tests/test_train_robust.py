@@ -4,6 +4,7 @@ importance correction of explored turns."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 
@@ -57,9 +58,10 @@ def test_dynamic_sampling_restores_signal_when_the_scheduled_groups_all_fail(tin
     assert rescued
     for r in rescued:  # with it: fresh groups played until one has mixed outcomes, and the step learns from it
         assert 1 <= r["extra_groups"] <= 8
-        assert r["signal_groups_batch"] == 1.0 and r["actor/updated"] == 1 and r["actor/samples_used"] > 0
+        assert r["signal_halves_batch"] == 1.0 and r["actor/updated"] == 1 and r["actor/samples_used"] > 0
     for r in dapo:  # the update only ever sees groups with signal; a step with signal of its own plays nothing more
-        assert r["signal_groups_batch"] == 1.0 or r["extra_groups"] == 8
+        assert r["signal_halves_batch"] == 1.0 or r["extra_groups"] == 8
+        assert r["signal_halves"] == r["signal_groups"]  # grpo: a group is one half
         if r["signal_groups"] == 1:
             assert r["extra_groups"] == 0
     # the diagnostics the issue asks for, every step
@@ -68,6 +70,39 @@ def test_dynamic_sampling_restores_signal_when_the_scheduled_groups_all_fail(tin
         assert {"rollout/repeat_rate", "rollout/invalid_rate", "actor/clip_fraction"} <= set(r)
     assert plain[0]["actor/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the untrained model
     assert any(r["actor/kl_ref"] > 1e-6 for r in plain[1:] if plain[0]["actor/updated"])
+
+
+def test_dynamic_sampling_drops_a_half_whose_outcomes_are_all_alike_and_reports_the_share_of_halves(monkeypatch):
+    import crl_agent.train as tr
+    from crl_agent.episode import Episode
+
+    # (group, sample) -> success; samples 0-1 play without experience, 2-3 with it
+    wins = {(0, 0), (2, 1), (2, 2)}  # group 0: only its half without experience is mixed; group 1: all fail;
+    # group 2 (added by dynamic sampling): both halves mixed
+
+    async def play(pool, agent, ctxs):
+        return [Episode(c.env_id, c.seed, c.sample, success=(c.episode_index, c.sample) in wins) for c in ctxs]
+
+    class OneRank:
+        rank, world, main = 0, 1, True
+
+        def share(self, n):
+            return list(range(n))
+
+    monkeypatch.setattr(tr, "play", play)
+    cfg = TrainConfig(tasks=RARE, mode="static", groups=2, group_size=4, dynamic_sampling=1)
+    batch = asyncio.run(tr.rollout(cfg, None, object(), 0, OneRank()))
+    assert batch.extra_groups == 1  # 1 half of 4 had signal: one more group (at most --dynamic-sampling)
+    # the all-alike halves are not in the batch (group 0 with experience, all of group 1)
+    assert sorted({(c.episode_index, c.with_experience) for c in batch.contexts}) == [(0, False), (2, False),
+                                                                                      (2, True)]
+    assert len(batch.contexts) == 6 and all(e.success == ((c.episode_index, c.sample) in wins)
+                                            for c, e in zip(batch.contexts, batch.episodes, strict=True))
+    assert batch.signal_groups == 0.5 and batch.signal_scheduled == 0.25 and batch.signal_batch == 1.0
+    assert len(batch.scheduled[0]) == 8  # train_success is still measured on every scheduled episode
+    # without dynamic sampling nothing is dropped, and the batch's share is the scheduled one
+    plain = asyncio.run(tr.rollout(dataclasses.replace(cfg, dynamic_sampling=0), None, object(), 0, OneRank()))
+    assert len(plain.contexts) == 8 and plain.extra_groups == 0 and plain.signal_batch == 0.25
 
 
 def test_dynamic_sampling_seeds_stay_below_the_held_out_range_and_do_not_repeat_the_scheduled_ones():
