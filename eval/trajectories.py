@@ -25,6 +25,7 @@ One record (``--trajectories text``, the default; ``full`` adds the fields marke
                     "reply": str, "method": str, "policy_version": int,
                     "candidates": [{"text", "logprob", "prob"}], "chosen": int,   # score mode
                     "experience_shown": [{"id", "title", "content"}], "searches": [{"question", "answer"}],
+                    "tool_choices": [{"candidates", "chosen", ...}],   # score mode: decisions that chose a tool
                     "prompt_token_ids", "token_ids", "logprobs", "candidate_token_ids",   # full only
                     "calls": [...]}}],                   # full only: each model call of the turn
      "final_observation": str}

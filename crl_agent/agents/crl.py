@@ -7,7 +7,10 @@ It is the ``llm`` agent (:mod:`crl_agent.agents.llm`) plus an experience bank:
 - **Search-and-ask**: mid-episode the model may write ``<search>question</search>`` instead of an
   action, at most ``max_tool_calls`` (2) times per episode. The manager retrieves entries and the
   extractor answers from them; the answer comes back as the next user message, the env is not
-  stepped, and the model then acts in the same turn.
+  stepped, and the model then acts in the same turn. In score mode ``<search>`` is one more scored
+  candidate; a decision that picks it is recorded as a :class:`~crl_agent.episode.ScoredTurn` on
+  ``Step.tool_choices``, so the trainer learns when searching pays (the question the model then writes
+  is generated, and not trained).
 - **Episode end**: the trajectory is queued for distillation (the actor never waits) and the
   outcome (±1) is credited to the extractor calls whose entries or answers guided it.
 
