@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 
@@ -267,6 +268,10 @@ def test_lora_learner_trains_only_the_adapter(model):
         ({"old_logprobs": [0.0]}, "1 old_logprobs for 2"),
         ({"advantage": float("nan")}, "advantage must be finite"),
         ({"prompt_ids": []}, "non-empty prompt"),
+        ({"coef": -1.0}, "coef must be"),
+        ({"coef": float("inf")}, "coef must be"),
+        ({"behaviour_weight": float("nan")}, "behaviour_weight must be"),
+        ({"learner_logprobs": [0.0]}, "learner_logprobs must be 2"),
     ],
 )
 def test_turn_sample_refuses_inconsistent_fields(kwargs, message):
@@ -290,3 +295,161 @@ def test_score_mode_sample_refuses_inconsistent_fields(kwargs, message):
     args = {"prompt_ids": [1], "advantage": 1.0, "old_logprobs": [-0.7], "candidate_ids": [[2], [3, 4]], "chosen": 1}
     with pytest.raises(ValueError, match=message):
         TurnSample(**{**args, **kwargs})
+
+
+# ------------------------------------------------------------- one loss coefficient per sample
+def scored_turn(model, seed):
+    """One score-mode decision of the model, as the policy records it (on-policy)."""
+    from crl_agent.episode import ScoredTurn
+
+    gen = torch.Generator().manual_seed(seed)
+    prompt, cands = ids(gen, 6 + seed % 5), [ids(gen, n) for n in (1, 2, 3)]
+    with torch.no_grad():
+        lp = action_logprob(candidate_logprobs(model, prompt, cands), seed % 3).item()
+    return ScoredTurn(candidates=["a", "b", "c"], logprobs=[0.0] * 3, probs=[1 / 3] * 3, chosen=seed % 3,
+                      action_logprob=lp, behaviour_logprob=lp, temperature=1.0, score_norm="sum", policy_version=0,
+                      prompt_token_ids=prompt, candidate_token_ids=cands)
+
+
+def episode_of(turns):
+    from crl_agent.episode import Episode, Step
+
+    return Episode("test/Doors-v0", 0, steps=[Step(t, "obs", ["a", "b", "c"], "a", 0.0, True, False, False, False, 0.0,
+                                                   scored=turn) for t, turn in enumerate(turns)])
+
+
+def step_gradient(model, samples, **kwargs):
+    learner = PolicyLearner(copy.deepcopy(model), lr=1e-3, max_grad_norm=None, **kwargs)
+    seen = grads_at_step(learner)
+    metrics = learner.update(samples)
+    return seen[0], metrics
+
+
+def norm(grads):
+    return float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+
+
+@pytest.mark.parametrize(("per_episode", "same_turns"), [(0, False), (2, True), (5, True)])
+def test_every_episode_weighs_the_same_whatever_its_length_and_the_turns_kept(model, per_episode, same_turns):
+    """A won episode of 3 turns and a lost one of 12 (the same decisions, repeated): each weighs 1, so
+    their gradients cancel; weighing turns instead, the long episode dominates."""
+    import random
+
+    from crl_agent.rl import turn_samples
+
+    turns = [scored_turn(model, 0)] * 3 if same_turns else [scored_turn(model, i) for i in range(3)]
+    episodes, advantages = [episode_of(turns), episode_of(turns * 4)], [1.0, -1.0]
+    batch = turn_samples(episodes, advantages, "episode", per_episode, random.Random(1))
+    kept = [len(turns) if not per_episode else min(per_episode, len(turns)), per_episode or 12]
+    assert [len(batch.samples[: kept[0]]), len(batch.samples[kept[0]:])] == kept
+    per_episode_coef = [sum(s.coef for s in batch.samples[: kept[0]]), sum(s.coef for s in batch.samples[kept[0]:])]
+    assert per_episode_coef == pytest.approx([1.0, 1.0]) and batch.loss_weight == pytest.approx(2.0)
+    cancelled, metrics = step_gradient(model, batch.samples)
+    by_turn, _ = step_gradient(model, turn_samples(episodes, advantages, "turn", per_episode, random.Random(1)).samples)
+    assert norm(by_turn) > 1e-3  # the control: 12 losing turns outweigh 3 winning ones
+    assert norm(cancelled) < 1e-5 * norm(by_turn)
+    assert metrics["samples"] == sum(kept) and metrics["updated"] == 1
+
+
+def test_the_entropy_term_weighs_each_turn_by_its_coefficient_as_the_policy_gradient(model):
+    """Entropy only (advantages 0): episodes of 3 copies of turn X and 12 of turn Y weigh the same,
+    so the gradient is that of X and Y once each, not (3 X + 12 Y) / 15 as a per-turn weighting gives."""
+    from crl_agent.rl import turn_samples
+
+    x, y = scored_turn(model, 1), scored_turn(model, 2)
+    batch = turn_samples([episode_of([x] * 3), episode_of([y] * 12)], [0.0, 0.0], "episode")
+    got, metrics = step_gradient(model, batch.samples, entropy_coef=0.1)
+    assert metrics["samples_used"] == 15
+    once_each = turn_samples([episode_of([x]), episode_of([y])], [0.0, 0.0], "episode").samples
+    want, _ = step_gradient(model, once_each, entropy_coef=0.1)
+    assert_same_grads(got, want)
+    per_turn, _ = step_gradient(model, turn_samples([episode_of([x] * 3), episode_of([y] * 12)], [0.0, 0.0],
+                                                    "turn").samples, entropy_coef=0.1)
+    assert norm([a - b for a, b in zip(per_turn, want, strict=True)]) > 1e-2 * norm(want)  # the weighting matters
+
+
+def test_the_behaviour_weight_scales_only_its_samples_policy_gradient(model):
+    [sample] = make_samples(model, advantages=(1.0,))
+    plain, _ = step_gradient(model, [sample])
+    weighted, _ = step_gradient(model, [TurnSample(**{**vars(sample), "behaviour_weight": 1.7, "learner_logprobs": None})])
+    assert_same_grads(weighted, [1.7 * g for g in plain])
+
+
+# ------------------------------------------------------- truncated importance sampling (engine vs learner)
+def perturbed_samples(model):
+    """make_samples, but the 'engine' recorded other log-probs than the learner computes: the score-mode
+    choices 0.5 nat likelier (ratio e^-0.5), the generated tokens 1 nat less likely (ratio e, over the cap)."""
+    out = []
+    for s in make_samples(model):
+        shift = 0.5 if s.mode == "score" else -1.0
+        out.append(TurnSample(**{**vars(s), "old_logprobs": [x + shift for x in s.old_logprobs]}))
+    return out
+
+
+def expected_gradient(model, samples, cap):
+    """One [B, T] batch: PPO against the learner's own log-probs, each token weighted by
+    min(pi_learner / pi_engine, cap); cap None: against the engine's, unweighted (the old behaviour)."""
+    own = make_samples(model)  # the same prompts and tokens, old log-probs the model's own
+    if cap is None:
+        return full_batch_gradient(copy.deepcopy(model), samples)
+    model = copy.deepcopy(model)
+    rows, learner, engine = [], [], []
+    for s, o in zip(samples, own, strict=True):
+        if s.mode == "score":
+            rows.append(action_logprob(candidate_logprobs(model, s.prompt_ids, s.candidate_ids), s.chosen).reshape(1))
+        else:
+            lp, _ = batch_sequence_logprobs(model, [s.prompt_ids], [s.response_ids])
+            rows.append(lp[0])
+        learner.append(torch.tensor(o.old_logprobs))
+        engine.append(torch.tensor(s.old_logprobs))
+    width = max(len(r) for r in rows)
+
+    def pad(xs):
+        return torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in xs])
+
+    logp, old, eng = pad(rows), pad(learner), pad(engine)
+    mask = pad([torch.ones(len(r), dtype=torch.bool) for r in rows])
+    weights = torch.where(mask, (old - eng).exp().clamp(max=cap), torch.ones_like(old))
+    model.zero_grad()
+    clipped_pg_loss(logp, old, torch.tensor([s.advantage for s in samples]), mask, is_weights=weights).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_truncated_importance_sampling_corrects_perturbed_engine_logprobs_and_logs_the_mismatch(model):
+    samples = perturbed_samples(model)
+    got, metrics = step_gradient(model, samples)  # tis_cap=2 by default
+    assert_same_grads(got, expected_gradient(model, samples, cap=2.0))
+    # PPO's ratio is against the learner's own log-probs: 1 on the first epoch whatever the engine said
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and metrics["clip_fraction"] == 0.0
+    # the trained samples: scores 0 and 4 (1 token each, ratio e^-0.5), generations 1 and 3 (3 and 5 tokens, e)
+    active = [s for s in samples if s.advantage != 0]
+    tokens = sum(s.num_loss_tokens for s in active)
+    generated = sum(s.num_loss_tokens for s in active if s.mode == "generate")
+    assert metrics["is_logp_diff"] == pytest.approx((0.5 * (tokens - generated) + 1.0 * generated) / tokens, abs=1e-5)
+    assert metrics["is_ratio_max"] == pytest.approx(math.e, rel=1e-4)
+    assert metrics["is_ratio_mean"] == pytest.approx(
+        (math.exp(-0.5) * (tokens - generated) + math.e * generated) / tokens, rel=1e-4)
+    assert metrics["is_truncated"] == pytest.approx(generated / tokens)
+    # the learner's log-probs were kept on the samples: a second epoch weighs them the same
+    assert all(s.learner_logprobs is not None for s in active)
+
+
+def test_without_a_cap_the_ratio_is_against_the_engines_logprobs(model):
+    samples = perturbed_samples(model)
+    got, metrics = step_gradient(model, samples, tis_cap=None)
+    assert_same_grads(got, expected_gradient(model, samples, cap=None))
+    assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-2) and metrics["clip_fraction"] > 0
+    assert metrics["is_ratio_max"] == pytest.approx(math.e, rel=1e-4) and metrics["is_truncated"] == 0.0
+    with pytest.raises(ValueError, match="tis_cap must be > 0"):
+        PolicyLearner(model, tis_cap=0.0)
+
+
+def test_later_epochs_keep_the_first_epochs_learner_logprobs_as_the_old_policy(model):
+    samples = perturbed_samples(model)
+    learner = PolicyLearner(model, lr=1e-2)
+    first = learner.update(samples)
+    second = learner.update(samples)  # the samples are one version old now
+    assert second["stale"] == 6
+    for k in ("is_logp_diff", "is_ratio_mean", "is_ratio_max", "is_truncated"):
+        assert second[k] == pytest.approx(first[k], rel=1e-5), k
+    assert second["ratio_mean"] != pytest.approx(1.0, abs=1e-4)  # the learner moved; the engine did not count

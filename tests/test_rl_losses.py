@@ -13,11 +13,14 @@ from crl_agent.rl import (  # noqa: E402
     aggregate,
     cispo_loss,
     clipped_pg_loss,
+    coefficient_sum,
     count_aware_weights,
     extractor_advantages,
     extractor_rewards,
+    mismatch_stats,
     ratio_stats,
     split_group_advantages,
+    truncated_is_weights,
 )
 from crl_agent.rl.credit import count_aware_weight, meta_reward  # noqa: E402
 
@@ -185,6 +188,51 @@ def test_ratio_stats_count_clipped_tokens_and_the_k3_kl():
     kl = sum((r - 1) - math.log(r) for r in (1.5, 0.5, 1.0, 1.1, 0.7)) / 5
     assert stats["approx_kl"] == pytest.approx(kl, abs=1e-6)
     assert stats["ratio_max"] == pytest.approx(1.5)
+
+
+def test_coefficient_sum_weighs_each_rows_token_mean_by_its_coefficient():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, float("nan")], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    # row means 1.5 and 4; the row without an active token adds nothing whatever its coefficient
+    close(coefficient_sum(loss, mask, torch.tensor([2.0, 0.5, 10.0])), 2 * 1.5 + 0.5 * 4)
+    # both aggregations are special cases: 1 / (active rows), and (row tokens) / (all tokens)
+    close(coefficient_sum(loss, mask, torch.tensor([0.5, 0.5, 0.0])), aggregate(loss, mask, "seq-mean-token-mean").item())
+    close(coefficient_sum(loss, mask, torch.tensor([2 / 3, 1 / 3, 0.0])), aggregate(loss, mask, "token-mean").item())
+    with pytest.raises(ValueError, match="coef must be"):
+        coefficient_sum(loss, mask, torch.ones(2))
+
+
+def test_losses_with_coefficients_and_importance_weights_hand_computed():
+    # the RATIOS rows with is_weights 2 on token (0, 1) and 0.5 on (1, 0); coefficients 3 and 1
+    w = torch.tensor([[1.0, 2.0, 1.0], [0.5, 1.0, 7.0]])  # 7 on padding: ignored
+    logp = _logp()
+    loss = clipped_pg_loss(logp, torch.zeros(2, 3), ADV, MASK, is_weights=w, coef=torch.tensor([3.0, 1.0]))
+    # row 0: (-1.2 - 2 * 0.5 - 1.0) / 3 = -3.2 / 3; row 1: (0.5 * 2.2 + 1.6) / 2 = 1.35
+    close(loss, 3 * (-3.2 / 3) + 1.35)
+    loss.backward()
+    # the weights scale each token's gradient; the clipped tokens still get none
+    close(logp.grad, [[0.0, -2 * 0.5 * 3 / 3, -1.0 * 3 / 3], [0.5 * 2.2 / 2, 0.0, 0.0]])
+    logp = _logp()
+    cispo_loss(logp, torch.zeros(2, 3), ADV, MASK, is_weights=w, coef=torch.tensor([3.0, 1.0])).backward()
+    close(logp.grad, [[-1.1, -2 * 0.9, -1.0], [0.5 * 2.2 / 2, 1.8 / 2, 0.0]])
+    with pytest.raises(ValueError, match="is_weights must be"):
+        clipped_pg_loss(logp, torch.zeros(2, 3), ADV, MASK, is_weights=torch.ones(2, 2))
+
+
+def test_truncated_is_weights_are_the_learner_over_engine_ratio_capped():
+    learner = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, 0.0, 0.0]])
+    engine = torch.tensor([[-1.5, -1.0, -0.5], [-4.0, 0.0, 50.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    # ratios e^0.5 = 1.649, e^-1 = 0.368, 1 | e^1 = 2.718 (capped), 1 | padding: 1
+    close(truncated_is_weights(learner, engine, mask, cap=2.0), [[math.exp(0.5), math.exp(-1), 1.0], [2.0, 1.0, 1.0]])
+    close(truncated_is_weights(learner, engine, mask, cap=1.5), [[1.5, math.exp(-1), 1.0], [1.5, 1.0, 1.0]])
+    stats = mismatch_stats(learner, engine, mask, cap=2.0)
+    assert stats["is_logp_diff"] == pytest.approx((0.5 + 1.0 + 0 + 1.0 + 0) / 5)
+    assert stats["is_ratio_mean"] == pytest.approx((math.exp(0.5) + math.exp(-1) + 1 + math.e + 1) / 5)
+    assert stats["is_ratio_max"] == pytest.approx(math.e) and stats["is_truncated"] == pytest.approx(1 / 5)
+    assert mismatch_stats(learner, engine, torch.zeros(2, 3))["is_ratio_mean"] == 0.0
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        truncated_is_weights(learner, engine, mask, cap=0.0)
 
 
 def test_action_logprob_is_a_tempered_log_softmax():

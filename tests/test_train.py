@@ -243,19 +243,19 @@ def test_turn_samples_weigh_episodes_equally_or_turns_equally_and_subsample_with
     from crl_agent.rl import turn_samples
 
     eps, adv = [_episode(1), _episode(3)], [1.0, -1.0]
-    # the learner averages the rows: (1/4) * sum(row advantages) must be each weighting's loss coefficient sum
+    # every sample carries its episode's advantage; the weighting is its loss coefficient alone
     by_episode = turn_samples(eps, adv, "episode")
-    assert [s.advantage for s in by_episode.samples] == pytest.approx([2.0, -2 / 3, -2 / 3, -2 / 3])  # each
-    # episode: 1/2 of the loss, split by turns; ranks combine by episodes
-    assert by_episode.loss_weight == 2
+    assert [s.advantage for s in by_episode.samples] == [1.0, -1.0, -1.0, -1.0]
+    assert [s.coef for s in by_episode.samples] == pytest.approx([1.0, 1 / 3, 1 / 3, 1 / 3])  # 1 per episode
+    assert by_episode.loss_weight == 2  # ranks combine by the coefficients' sum: the episodes
     by_turn = turn_samples(eps, adv, "turn")
-    assert [s.advantage for s in by_turn.samples] == pytest.approx([1.0, -1.0, -1.0, -1.0])  # every turn the same:
+    assert [s.coef for s in by_turn.samples] == [1.0, 1.0, 1.0, 1.0]  # every turn the same:
     assert by_turn.loss_weight == 4  # the long episode dominates
-    # 2 of 3 turns kept from the long episode: each kept turn carries 1/2 of that episode's half
+    # 2 of 3 turns kept from the long episode: each kept turn carries 1/2 of that episode's 1
     sub = turn_samples(eps, adv, "episode", per_episode=2, rng=random.Random(0)).samples
-    assert [s.advantage for s in sub] == pytest.approx([1.5, -0.75, -0.75])  # rows = 3: 3 * 1/2 * 1/1, 3 * 1/2 * 1/2
+    assert [s.coef for s in sub] == pytest.approx([1.0, 0.5, 0.5])
     sub = turn_samples(eps, adv, "turn", per_episode=2, rng=random.Random(0)).samples
-    assert sum(s.advantage for s in sub) / len(sub) == pytest.approx((1.0 - 3.0) / 4)  # unbiased for the turn mean
+    assert sum(s.coef * s.advantage for s in sub) / 4 == pytest.approx((1.0 - 3.0) / 4)  # unbiased for the turn mean
     with pytest.raises(ValueError, match="turn weighting"):
         turn_samples(eps, adv, "token")
 

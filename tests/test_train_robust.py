@@ -203,9 +203,10 @@ def test_explored_turns_are_corrected_by_policy_over_behaviour_and_the_first_rat
                                      scored=scored)])
     [sample] = turn_samples([ep], [1.0]).samples
     assert sample.old_logprobs == [pytest.approx(policy_lp)]  # PPO's ratio starts from the policy's own
-    assert sample.advantage == pytest.approx(math.exp(policy_lp - behaviour_lp))  # the importance weight
+    assert sample.advantage == 1.0  # the importance weight is the sample's own, for its policy-gradient term
+    assert sample.behaviour_weight == pytest.approx(math.exp(policy_lp - behaviour_lp))
     metrics = learner.update([sample])
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and metrics["clip_fraction"] == 0.0
     # a turn without exploration (behaviour = policy) keeps its advantage
     scored.behaviour_logprob = scored.action_logprob
-    assert turn_samples([ep], [1.0]).samples[0].advantage == pytest.approx(1.0)
+    assert turn_samples([ep], [1.0]).samples[0].behaviour_weight == pytest.approx(1.0)

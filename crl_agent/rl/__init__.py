@@ -5,7 +5,9 @@ The pieces a trainer (``python -m crl_agent.train``) imports, each a small modul
 - :mod:`~crl_agent.rl.advantages`: ``split_group_advantages`` (the actor's split-group baseline),
   ``count_aware_weights``, ``extractor_rewards`` and ``extractor_advantages`` (the extractor's
   meta-reward); :mod:`~crl_agent.rl.credit` holds their scalar, torch-free rules.
-- :mod:`~crl_agent.rl.losses`: ``clipped_pg_loss`` (PPO-clip), ``cispo_loss`` (CISPO), ``aggregate``.
+- :mod:`~crl_agent.rl.losses`: ``clipped_pg_loss`` (PPO-clip), ``cispo_loss`` (CISPO), ``aggregate``,
+  ``coefficient_sum`` (one loss coefficient per sample), ``truncated_is_weights`` and ``mismatch_stats``
+  (the inference engine against the learner).
 - :mod:`~crl_agent.rl.logprobs`: ``sequence_logprobs``, ``candidate_logprobs``, ``action_logprob``
   (differentiable, chunked so no full-vocabulary logits are ever kept).
 - :mod:`~crl_agent.rl.samples`: ``TurnSample`` (one actor turn as sampled, score or generate mode);
@@ -37,6 +39,9 @@ _EXPORTS = {
     "clipped_pg_loss": "losses",
     "cispo_loss": "losses",
     "ratio_stats": "losses",
+    "coefficient_sum": "losses",
+    "truncated_is_weights": "losses",
+    "mismatch_stats": "losses",
     "sequence_logprobs": "logprobs",
     "batch_sequence_logprobs": "logprobs",
     "candidate_logprobs": "logprobs",

@@ -1,8 +1,9 @@
 """From played episodes and extractor calls to learner batches, each weighted as the loss asks.
 
 - :func:`turn_samples`: the actor's batch, one :class:`~crl_agent.rl.TurnSample` per scored turn
-  carrying its episode's advantage, with the loss weighting (every episode the same, or every turn)
-  and the weight ranks combine by, both computed here from the same counts;
+  carrying its episode's advantage and its loss coefficient (every episode the same, or every turn),
+  computed here and nowhere else: the learner weighs every term of a sample by it, and ranks
+  combine by their coefficients' sum;
 - :func:`extractor_samples`: the extractor's CISPO batch of meta-rewarded calls, advantages from
   :func:`~crl_agent.rl.extractor_advantages`.
 """
@@ -23,17 +24,20 @@ TURN_WEIGHTINGS = ("episode", "turn")
 
 @dataclass
 class ActorBatch:
-    """The actor's samples and what their loss is an average over.
+    """The actor's samples, each carrying its loss coefficient.
 
     Attributes:
-        samples: one per kept scored turn; advantages scaled so the learner's mean over rows is the
-            asked weighting's loss.
-        loss_weight: the episodes with a scored turn (``episode`` weighting) or the scored turns
-            (``turn``): each rank's weight when a data-parallel run combines its ranks as one batch.
+        samples: one per kept scored turn.
     """
 
     samples: list[TurnSample]
-    loss_weight: float
+
+    @property
+    def loss_weight(self) -> float:
+        """The sum of the samples' coefficients: the episodes with a scored turn (``episode`` weighting)
+        or the scored turns (``turn``). What the learner's loss is an average over, and so each rank's
+        weight when a data-parallel run combines its ranks as one batch (a rank without samples: 0)."""
+        return math.fsum(s.coef for s in self.samples)
 
 
 def scored_turns(episode: Episode) -> list[ScoredTurn]:
@@ -43,47 +47,40 @@ def scored_turns(episode: Episode) -> list[ScoredTurn]:
 
 def turn_samples(episodes: list[Episode], advantages: list[float], weighting: str = "episode",
                  per_episode: int = 0, rng: random.Random | None = None) -> ActorBatch:
-    """One :class:`TurnSample` per scored turn, carrying its episode's advantage, scaled so that the
-    learner's mean over rows is the loss ``weighting`` asks for.
+    """One :class:`TurnSample` per scored turn, carrying its episode's advantage and its loss coefficient
+    (``coef``), the one number the learner weighs its policy-gradient, KL and entropy terms by.
 
-    ``weighting="episode"`` (default): every episode weighs the same and its turns share that weight,
-    i.e. an episode is one sequence of its decisions under ``seq-mean-token-mean`` (as the official
-    code, which trains on whole multi-turn trajectories). ``"turn"``: every turn weighs the same, so
-    long (typically failed) episodes dominate. ``per_episode > 0`` keeps a uniform random subset of
-    that many turns of each episode, reweighted so the loss stays an unbiased estimate (a cheaper
-    update, at more variance).
+    ``weighting="episode"`` (default): every episode weighs the same and its turns share that weight
+    (the coefficients of an episode's kept turns add up to 1), i.e. an episode is one sequence of its
+    decisions under ``seq-mean-token-mean`` (as the official code, which trains on whole multi-turn
+    trajectories). ``"turn"``: every turn weighs the same (an episode's coefficients add up to its
+    number of scored turns), so long (typically failed) episodes dominate. ``per_episode > 0`` keeps a
+    uniform random subset of that many turns of each episode, each carrying the episode's total over
+    the turns kept, so the loss stays an unbiased estimate (a cheaper update, at more variance).
+
+    A turn sampled from another behaviour than the policy (``--explore`` mixes in uniform) carries
+    ``behaviour_weight = pi / mu``; PPO's old log-prob is the policy's own, so the ratio starts at 1.
     """
     if weighting not in TURN_WEIGHTINGS:
         raise ValueError(f"turn weighting must be one of {TURN_WEIGHTINGS}, got {weighting!r}")
     rng = rng or random.Random(0)
-    chosen: list[tuple[list[ScoredTurn], float, int]] = []  # (kept turns, advantage, the episode's scored turns)
+    samples = []
     for ep, adv in zip(episodes, advantages, strict=True):
         turns = scored_turns(ep)
         if not turns:
             continue
         kept = turns if not per_episode or len(turns) <= per_episode else \
             [turns[i] for i in sorted(rng.sample(range(len(turns)), per_episode))]
-        chosen.append((kept, float(adv), len(turns)))
-    rows = sum(len(k) for k, _, _ in chosen)
-    total_turns = sum(n for _, _, n in chosen)
-    samples = []
-    for kept, adv, n in chosen:
-        # the learner averages over `rows`; this factor turns that average into the asked weighting
-        share = 1 / (len(chosen) * len(kept)) if weighting == "episode" else n / (len(kept) * total_turns)
+        # the episode's share of the loss (1, or its turns), split evenly over the turns kept
+        coef = (1.0 if weighting == "episode" else float(len(turns))) / len(kept)
         for turn in kept:
-            # PPO's old log-prob is the policy's own (so the ratio starts at 1); a turn sampled from another
-            # behaviour (--explore mixes in uniform) is corrected by the importance weight policy / behaviour
-            weight = math.exp(turn.action_logprob - turn.behaviour_logprob)
             samples.append(TurnSample(
-                prompt_ids=turn.prompt_token_ids, advantage=adv * share * rows * weight,
-                old_logprobs=[turn.action_logprob],
+                prompt_ids=turn.prompt_token_ids, advantage=float(adv), old_logprobs=[turn.action_logprob],
                 candidate_ids=turn.candidate_token_ids, chosen=turn.chosen, temperature=turn.temperature,
-                norm=turn.score_norm, policy_version=int(turn.policy_version),
+                norm=turn.score_norm, policy_version=int(turn.policy_version), coef=coef,
+                behaviour_weight=math.exp(turn.action_logprob - turn.behaviour_logprob),
             ))
-    # what that loss averages over: every episode given (a rank without scored turns weighs 0)
-    counts = [len(scored_turns(ep)) for ep in episodes]
-    loss_weight = float(sum(1 for n in counts if n) if weighting == "episode" else sum(counts))
-    return ActorBatch(samples, loss_weight)
+    return ActorBatch(samples)
 
 
 def extractor_samples(manager: Any, step: int, cooldown: int, batch: int) -> tuple[list[TurnSample], list[Any]]:

@@ -5,8 +5,24 @@ Each sample is a :class:`crl_agent.rl.samples.TurnSample`: one actor turn as it 
 :meth:`PolicyLearner.update` recomputes the log-probs with gradient (:mod:`crl_agent.rl.logprobs`),
 applies ``clipped_pg_loss`` (``loss="ppo"``, the actor's) or ``cispo_loss`` (``loss="cispo"``, the
 extractor's) and takes one AdamW step at a constant learning rate after clipping the gradient norm.
-The loss is the one the whole list would give in a single batch (each sample is one row of the
-``[B, T]`` loss; the aggregation's denominator counts every sample given), but:
+
+The loss is ``sum_i c_i * term_i / sum_i c_i`` over the samples given, where ``c_i`` is the sample's
+loss coefficient (``TurnSample.coef``, times its loss tokens under ``aggregate="token-mean"``) and
+``term_i`` its policy-gradient term (its per-token loss averaged over its tokens) plus, in score mode,
+its KL and entropy terms. The denominator counts every sample given, and ``sum_i c_i`` is also the
+weight data-parallel ranks combine by. The policy-gradient term is importance-weighted:
+
+- by ``min(pi_learner_old / pi_engine, tis_cap)`` per token (truncated importance sampling): the
+  inference engine that sampled (vLLM, a bf16 or batched forward) and the learner's own forward
+  disagree slightly even under the same weights. ``pi_learner_old`` is the learner's log-prob under
+  the weights that sampled (computed, without gradient, in the first update at the sample's
+  ``policy_version`` and kept on the sample for later epochs), and it is PPO's (or CISPO's) old
+  policy, so the clipped ratio measures only the learner's own change. A stale sample whose learner
+  log-probs were never computed falls back to the engine's as the old policy, unweighted.
+  ``tis_cap=None`` turns the correction off (the ratio is then against the engine's log-probs);
+- by the sample's ``behaviour_weight`` (``pi / mu`` of an explored turn).
+
+The update is the one the whole list would give in a single batch, but:
 
 - samples whose advantage is exactly 0 get no forward or backward pass: they add nothing to the
   gradient (a group whose rewards are all equal is skipped whole);
@@ -39,7 +55,14 @@ import torch
 
 from crl_agent.rl.logprobs import NORMS, action_logprob, batch_candidate_logprobs, batch_sequence_logprobs
 from crl_agent.rl.lora import is_lora
-from crl_agent.rl.losses import AGGREGATIONS, cispo_loss, clipped_pg_loss, ratio_stats
+from crl_agent.rl.losses import (
+    AGGREGATIONS,
+    cispo_loss,
+    clipped_pg_loss,
+    mismatch_stats,
+    ratio_stats,
+    truncated_is_weights,
+)
 from crl_agent.rl.samples import TurnSample
 
 log = logging.getLogger(__name__)
@@ -101,7 +124,10 @@ class PolicyLearner:
             softmaxes over the turn's candidates, ``pi_ref`` being the model with its LoRA adapter
             disabled (the untrained policy). 0 (default, as the official code): no KL term.
         entropy_coef: score mode: subtracts ``entropy_coef * H(pi)`` per turn (an entropy bonus). With
-            either term on, every turn gets a backward pass, even one whose advantage is 0.
+            either term on, every turn gets a backward pass, even one whose advantage is 0. Both terms
+            are weighted by the turn's coefficient, as its policy-gradient term.
+        tis_cap: the truncation ``C`` of the importance weight ``pi_learner_old / pi_engine`` (2, as
+            TRL's ``vllm_importance_sampling_cap``); ``None``: no correction.
     """
 
     def __init__(
@@ -125,6 +151,7 @@ class PolicyLearner:
         reduce_gradients: Callable[[Sequence[torch.Tensor], float, Sequence[float]], list[float]] | None = None,
         kl_coef: float = 0.0,
         entropy_coef: float = 0.0,
+        tis_cap: float | None = 2.0,
     ):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
@@ -136,6 +163,8 @@ class PolicyLearner:
             raise ValueError("token_budget and max_nonfinite must be >= 1 and lr > 0")
         if not (kl_coef >= 0 and entropy_coef >= 0):
             raise ValueError(f"kl_coef and entropy_coef must be >= 0, got {kl_coef}, {entropy_coef}")
+        if tis_cap is not None and not tis_cap > 0:
+            raise ValueError(f"tis_cap must be > 0 (or None: no correction), got {tis_cap}")
         if kl_coef > 0 and not is_lora(model):
             raise ValueError("kl_coef needs a LoRA model: the reference policy is the model with its adapter disabled")
         self.model = model
@@ -148,6 +177,7 @@ class PolicyLearner:
         self.max_nonfinite, self.on_stale, self.score_method = max_nonfinite, on_stale, score_method
         self.reduce_gradients = reduce_gradients
         self.kl_coef, self.entropy_coef = float(kl_coef), float(entropy_coef)
+        self.tis_cap = None if tis_cap is None else float(tis_cap)
         self.version = 0
         self.nonfinite_in_a_row = 0
 
@@ -172,9 +202,12 @@ class PolicyLearner:
         """One optimiser step from ``samples``; returns metrics (all floats).
 
         ``weight`` matters only in data-parallel training: what this rank's loss is an average over, so
-        ranks combine as one batch (default: its rows, or its loss tokens under ``token-mean``).
+        ranks combine as one batch (default: the sum of its samples' coefficients, as the loss divides by).
 
-        Metrics: ``loss``, ``clip_fraction``, ``approx_kl``, ``ratio_mean``, ``ratio_max``,
+        Metrics: ``loss``, ``clip_fraction``, ``approx_kl``, ``ratio_mean``, ``ratio_max`` (of PPO's
+        ratio against the old policy), ``is_logp_diff``, ``is_ratio_mean``, ``is_ratio_max`` and
+        ``is_truncated`` (the engine/learner mismatch over the tokens trained on whose learner
+        log-probs are known: see :func:`crl_agent.rl.losses.mismatch_stats`),
         ``entropy`` (mean entropy of score-mode action distributions; 0 without any), ``grad_norm``
         (before clipping), ``samples`` (given), ``samples_used`` (with a backward pass),
         ``zero_advantage`` (skipped), ``stale`` and ``stale_dropped``, ``tokens`` (processed by
@@ -195,11 +228,11 @@ class PolicyLearner:
             )
         stale = [s for s in samples if s.policy_version < self.version]
         kept = [s for s in samples if not (self.on_stale == "drop" and s.policy_version < self.version)]
-        # the loss's denominator: every kept sample's row, including those skipped for a zero advantage
-        rows = sum(1 for s in kept if s.num_loss_tokens > 0)
-        loss_tokens = sum(s.num_loss_tokens for s in kept)
+        # the loss's denominator: every kept sample's coefficient, including those skipped for a zero advantage
+        total = sum(self._coef(s) for s in kept)
         regularised = self.kl_coef > 0 or self.entropy_coef > 0  # a term that every scored turn carries
-        active = [s for s in kept if s.num_loss_tokens > 0 and (s.advantage != 0.0 or (regularised and s.mode == "score"))]
+        active = [s for s in kept if self._coef(s) > 0
+                  and (s.advantage != 0.0 or (regularised and s.mode == "score"))]
         metrics = {
             "samples": float(len(samples)),
             "samples_used": float(len(active)),
@@ -211,11 +244,11 @@ class PolicyLearner:
         self.model.eval()
         try:
             self.optimizer.zero_grad(set_to_none=False)
-            run = self._accumulate(active, rows, loss_tokens) if active else _Pass()
+            run = self._accumulate(active, total) if active else _Pass()
             any_active = bool(active)
             if self.reduce_gradients is not None:  # every rank, with or without samples (a collective)
                 if weight is None:
-                    weight = rows if self.aggregate == "seq-mean-token-mean" else loss_tokens
+                    weight = total
                 n_active, n_nonfinite = self.reduce_gradients(self.params, weight, (len(active), run.nonfinite_loss))
                 any_active, run.nonfinite_loss = n_active > 0, n_nonfinite > 0
             grad_norm = self._grad_norm() if any_active else 0.0
@@ -256,6 +289,10 @@ class PolicyLearner:
         )
         return metrics
 
+    def _coef(self, s: TurnSample) -> float:
+        """The sample's loss coefficient: its own, times its loss tokens under ``token-mean``."""
+        return s.coef * (s.num_loss_tokens if self.aggregate == "token-mean" else (s.num_loss_tokens > 0))
+
     def _grad_norm(self) -> float:
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
@@ -273,7 +310,7 @@ class PolicyLearner:
                 batches.append([s])
         return batches
 
-    def _accumulate(self, samples: list[TurnSample], rows: int, loss_tokens: int) -> _Pass:
+    def _accumulate(self, samples: list[TurnSample], total: float) -> _Pass:
         while True:
             run = _Pass()
             queue = self._micro_batches(samples, self.token_budget)
@@ -295,18 +332,13 @@ class PolicyLearner:
                         half = len(batch) // 2
                         queue[:0] = [batch[:half], batch[half:]]
                         continue
-                    share = (
-                        len(batch) / rows
-                        if self.aggregate == "seq-mean-token-mean"
-                        else sum(s.num_loss_tokens for s in batch) / loss_tokens
-                    )
-                    scaled = loss * share
+                    scaled = loss / total
                     if not torch.isfinite(scaled):
                         run.nonfinite_loss = True
                         return run
                     self._backward(scaled)
                     run.loss += scaled.item()
-                    run.stats.append((stats, sum(s.num_loss_tokens for s in batch)))
+                    run.stats.append((stats, sum(s.num_loss_tokens for s in batch)))  # token-weighted means
                     run.entropies.extend(entropies)
                     run.tokens += sum(s.num_tokens for s in batch)
                     run.micro_batches += 1
@@ -325,7 +357,8 @@ class PolicyLearner:
         loss.backward()
 
     def _forward(self, batch: list[TurnSample]) -> tuple[torch.Tensor, dict[str, float], list[float]]:
-        """The micro-batch's loss (aggregated over its own rows), its ratio stats and action entropies."""
+        """The micro-batch's ``sum_i c_i * term_i`` (not yet divided by the update's total coefficient),
+        its ratio and mismatch stats and its action entropies."""
         entropies: list[float] = []
         scored = [s for s in batch if s.mode == "score"]
         generated = [s for s in batch if s.mode == "generate"]
@@ -358,24 +391,43 @@ class PolicyLearner:
         logps = [by_id[id(s)] for s in batch]
         width = max(len(x) for x in logps)
         device = logps[0].device
-        old = torch.zeros(len(batch), width, device=device)
+        engine = torch.zeros(len(batch), width, device=device)  # the log-probs recorded at sampling time
+        learner = torch.zeros(len(batch), width, device=device)  # the learner's own under the same weights
+        known = torch.zeros(len(batch), 1, dtype=torch.bool, device=device)
         mask = torch.zeros(len(batch), width, dtype=torch.bool, device=device)
         rows = []
         for i, (s, x) in enumerate(zip(batch, logps, strict=True)):
             rows.append(torch.nn.functional.pad(x, (0, width - len(x))))
-            old[i, : len(x)] = torch.tensor(s.old_logprobs, device=device)
+            engine[i, : len(x)] = torch.tensor(s.old_logprobs, device=device)
             mask[i, : len(x)] = True
+            if s.learner_logprobs is None and s.policy_version == self.version:
+                # these weights sampled it: kept for the epochs after this one, when they will have moved
+                s.learner_logprobs = x.detach().float().tolist()
+            if s.learner_logprobs is not None:
+                learner[i, : len(x)] = torch.tensor(s.learner_logprobs, device=device)
+                known[i] = True
         logp = torch.stack(rows)
+        if self.tis_cap is None:
+            old, weights = engine, torch.ones_like(engine)
+        else:
+            old = torch.where(known, learner, engine)
+            weights = torch.where(known, truncated_is_weights(learner, engine, mask, self.tis_cap), 1.0)
+        weights = weights * torch.tensor([s.behaviour_weight for s in batch], device=device).unsqueeze(-1)
         adv = torch.tensor([float(s.advantage) for s in batch], device=device)
+        coef = torch.tensor([self._coef(s) for s in batch], device=device)
         if self.loss == "ppo":
-            loss = clipped_pg_loss(logp, old, adv, mask, clip_eps=self.clip_eps, aggregate=self.aggregate)
+            loss = clipped_pg_loss(logp, old, adv, mask, clip_eps=self.clip_eps, is_weights=weights, coef=coef)
             low = high = self.clip_eps
         else:
-            loss = cispo_loss(logp, old, adv, mask, eps_low=self.eps_low, eps_high=self.eps_high, aggregate=self.aggregate)
+            loss = cispo_loss(logp, old, adv, mask, eps_low=self.eps_low, eps_high=self.eps_high, is_weights=weights,
+                              coef=coef)
             low, high = self.eps_low, self.eps_high
-        if extra:  # a score-mode row has one loss token, so its term joins the row mean either way
-            loss = loss + torch.stack([extra.get(id(s), logp.new_zeros(())) for s in batch]).sum() / len(batch)
-        return loss, ratio_stats(logp, old, mask, low, high), entropies
+        if extra:  # the KL and entropy terms weigh by the same coefficient as the policy gradient
+            loss = loss + sum(coef[i] * extra[id(s)] for i, s in enumerate(batch) if id(s) in extra)
+        stats = ratio_stats(logp, old, mask, low, high)
+        stats.update(mismatch_stats(learner, engine, mask & known, self.tis_cap))
+        stats["is_tokens"] = float((mask & known).sum())
+        return loss, stats, entropies
 
     @torch.no_grad()
     def _reference_scores(self, samples: list[TurnSample], norm: str) -> list[torch.Tensor]:
@@ -429,4 +481,9 @@ def _mean_stats(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
     total = sum(n for _, n in parts)
     out = {k: (sum(st[k] * n for st, n in parts) / total if total else 0.0) for k in names}
     out["ratio_max"] = max((st["ratio_max"] for st, _ in parts), default=0.0)
+    # the mismatch stats cover the tokens whose learner log-probs are known
+    known = sum(st.get("is_tokens", 0.0) for st, _ in parts)
+    for k in ("is_logp_diff", "is_ratio_mean", "is_truncated"):
+        out[k] = sum(st.get(k, 0.0) * st.get("is_tokens", 0.0) for st, _ in parts) / known if known else 0.0
+    out["is_ratio_max"] = max((st.get("is_ratio_max", 0.0) for st, _ in parts), default=0.0)
     return out

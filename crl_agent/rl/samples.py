@@ -7,6 +7,12 @@ actions' token ids, the index chosen and the temperature of ``softmax(scores / t
 log-probs recorded at sampling time (of that same tempered distribution, so the importance ratio
 starts at 1), the advantage of its episode and the version of the policy that sampled it. The loss covers only what
 the policy produced: the response tokens, or the one choice among the candidates.
+
+A sample's weight in the loss is one number, its ``coef``: the learner's loss is
+``sum_i coef_i * term_i / sum_i coef_i``, where ``term_i`` is the sample's policy-gradient term (its
+per-token loss averaged over its tokens) plus its KL and entropy terms. :func:`crl_agent.rl.turn_samples`
+sets it so that every episode weighs the same (or every turn); the data-parallel ranks combine by
+``sum_i coef_i``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,15 @@ class TurnSample:
         norm: score mode: ``"sum"`` or ``"mean"`` of a candidate's token log-probs as its score.
         response_ids: generate mode: the generated token ids as sampled.
         policy_version: the learner version (updates applied) of the weights that sampled it.
+        coef: the sample's loss coefficient (>= 0; see the module docstring). 1 by default: every
+            sample weighs the same.
+        behaviour_weight: ``pi / mu`` of the chosen action when it was sampled from a behaviour ``mu``
+            other than the policy ``pi`` (``--explore`` mixes in uniform); it multiplies the
+            policy-gradient term only (the KL and entropy terms are exact over the candidates). 1 on-policy.
+        learner_logprobs: the learner's own log-probs of what ``old_logprobs`` cover, under the weights
+            that sampled it (version ``policy_version``), no gradient: filled in by
+            :class:`~crl_agent.rl.PolicyLearner` on its first update at that version, so later epochs
+            keep the same truncated importance weight against the engine's ``old_logprobs``.
     """
 
     prompt_ids: list[int]
@@ -49,6 +64,9 @@ class TurnSample:
     norm: str = "sum"
     response_ids: list[int] | None = None
     policy_version: int = 0
+    coef: float = 1.0
+    behaviour_weight: float = 1.0
+    learner_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         self.prompt_ids = [int(t) for t in self.prompt_ids]
@@ -57,6 +75,15 @@ class TurnSample:
             raise ValueError("a sample needs a non-empty prompt")
         if not math.isfinite(float(self.advantage)):
             raise ValueError(f"advantage must be finite, got {self.advantage}")
+        self.coef, self.behaviour_weight = float(self.coef), float(self.behaviour_weight)
+        if not (math.isfinite(self.coef) and self.coef >= 0):
+            raise ValueError(f"coef must be finite and >= 0, got {self.coef}")
+        if not (math.isfinite(self.behaviour_weight) and self.behaviour_weight >= 0):
+            raise ValueError(f"behaviour_weight must be finite and >= 0, got {self.behaviour_weight}")
+        if self.learner_logprobs is not None:
+            self.learner_logprobs = [float(x) for x in self.learner_logprobs]
+            if len(self.learner_logprobs) != len(self.old_logprobs) or not all(map(math.isfinite, self.learner_logprobs)):
+                raise ValueError(f"learner_logprobs must be {len(self.old_logprobs)} finite values, one per old log-prob")
         if not all(math.isfinite(x) for x in self.old_logprobs):
             raise ValueError("old_logprobs must be finite")
         if not self.temperature > 0:
