@@ -79,7 +79,15 @@ def test_actors_spread_over_the_nodes_and_a_lost_nodes_episodes_fail_while_the_r
             monkeypatch.setattr(ray, "nodes", lambda: [*listed(), {"NodeID": victim.node_id, "Alive": True,
                                                                     "Resources": {"CPU": 1.0}}])
             slot = lost[0]
-            ray.kill(pool.actors[pool.slots[slot].host], no_restart=True)
+            killed = pool.actors[pool.slots[slot].host]
+            pid = await killed.pid.remote()
+            ray.kill(killed, no_restart=True)
+            for _ in range(200):  # the kill is asynchronous, and the pool's socket to the actor answers until it exits
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                await asyncio.sleep(0.05)
             with pytest.raises(EnvError, match="crash"):
                 await pool.step(slot, "up")  # its actor was killed; the replacement is sent to the lost node
             with pytest.raises(EnvError, match="crash: actor died: The actor is not schedulable"):
