@@ -12,8 +12,12 @@ This script prints:
    ``crl/MiniHack-Room-Random-5x5-Short-v0`` (the ``llm`` agent in score mode, history 2, temperature 1:
    the trainer's rollouts) for a few rounds, then takes one LoRA forward+backward+AdamW step
    (:class:`~crl_agent.rl.PolicyLearner`) and the trainer's diagnostic forward passes
-   (``PolicyLearner.divergence``) on those turns; about a minute, less on a fast machine;
-3. what it extrapolates from that probe (:func:`estimate`)::
+   (``PolicyLearner.divergence``) on those turns; about a minute, less on a fast machine. Each unit is
+   timed twice: wall seconds (what it took now) and this process's CPU seconds over its threads (what it
+   takes with the cores to itself: other work sharing the CPU slows the first, hardly the second). The
+   estimate uses the CPU units, so the verdict describes the machine, not the moment;
+3. what it extrapolates from that probe (:func:`estimate`), per unit ``decision_s`` (one scoring decision),
+   ``update_s`` and ``diagnostics_s`` (per trained sample)::
 
        step_s = C_STEP * (16 episodes * 13.5 decisions * decision_s + 32 samples * (update_s + diagnostics_s))
        eval_s = C_EVAL * 64 episodes * 13.5 decisions * decision_s
@@ -21,9 +25,10 @@ This script prints:
    (16 episodes and 32 samples: 2 groups x 8 rollouts, 2 trained turns each; 13.5: the untrained actor's
    mean episode length on held-out seeds, benchmarks/results/train_cpu/). ``C_STEP`` and ``C_EVAL`` cover
    what the probe leaves out (env steps, the batcher's gaps, dynamic sampling's extra groups, the
-   trainer's bookkeeping); they were calibrated by running this probe on the 2-core AVX512-BF16 EPYC whose
-   measured default run (``--steps 32 --set dynamic-sampling=4``, seed 7) had a median step of 171 s and
-   held-out evaluations of 2-4 minutes (180 s taken);
+   trainer's bookkeeping, and the shorter episodes of a policy that learns); they are fitted so that the
+   probe's units measured on the 2-core AVX512-BF16 EPYC (:data:`CALIBRATION`) give that machine's
+   measured default run (``--steps 32 --set dynamic-sampling=4``, seed 7): a median step of 171 s and
+   held-out evaluations of 2-4 minutes (180 s taken). Not yet checked on another kind of machine;
 4. a verdict (:func:`verdict`): which committed benchmarks fit a ``--session-hours`` session (2.5 h) here,
    and whether the machine is *fast*: the acceptance run (one ``grpo`` seed, 32 steps, 5 evaluations) fits.
 
@@ -63,13 +68,14 @@ EVALS_PER_RUN = 5  # --steps 32 --eval-every 8: before, 8, 16, 24, 32
 EXPERIENCE_EVAL_FACTOR = 2.45
 EXPERIENCE_STEP_FACTOR = 1.7
 
-# Calibration (see the module docstring): this probe on the 2-core AVX512-BF16 EPYC (AMD EPYC family 25
-# model 17, bf16 picked, load average ~2.6 from other work) measured the raw terms below; C_* map them to
-# that machine's measured step (171 s) and evaluation (180 s).
-CALIBRATION = {"cpu": "AMD EPYC (AVX512-BF16), 2 cores", "decision_s": 0.0, "update_s": 0.0, "diagnostics_s": 0.0,
-               "measured_step_s": 171.0, "measured_eval_s": 180.0}
-C_STEP = 1.0
-C_EVAL = 1.0
+# Calibration (see the module docstring): the probe's CPU-time units on the 2-core AVX512-BF16 EPYC (AMD
+# EPYC family 25 model 17, bf16; mean of two probes on 2026-12-06 at load averages 11 and 17 from other
+# work: decision 0.299/0.311 s, update 0.875/0.868 s, diagnostics 0.690/0.700 s a sample) give a raw step
+# of 16 * 13.5 * 0.305 + 32 * (0.872 + 0.695) = 116 s and a raw evaluation of 64 * 13.5 * 0.305 = 264 s;
+# that machine's measured step was 171 s (median of 32, dynamic sampling's extra groups included) and its
+# evaluations 2-4 minutes (fewer decisions as the policy learns: 13.5 -> ~9.5 a episode; 32 at once).
+CALIBRATION = {"cpu": "AMD EPYC (AVX512-BF16), 2 cores", "decision_s": 0.305, "update_s": 0.872,
+               "diagnostics_s": 0.695, "measured_step_s": 171.0, "measured_eval_s": 180.0}
 
 # Benchmarks costed from their committed results: (command, seconds recorded, that machine's seconds for
 # a 64-episode held-out evaluation, where the record comes from). The cost here is recorded * eval_here /
@@ -112,9 +118,10 @@ def cpu_flags() -> dict[str, bool]:
     return {name: name in flags for name in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}
 
 
-def matmul_gflops(dtype: str, shape: tuple[int, int, int] = MODEL_SHAPE, min_s: float = 0.3) -> float | None:
+def matmul_gflops(dtype: str, shape: tuple[int, int, int] = MODEL_SHAPE, min_s: float = 1.0) -> float | None:
     """Best GFLOP/s of an ``m x k`` by ``k x n`` matmul in ``dtype`` (after a warm-up), timed for at least
-    ``min_s`` seconds; ``None`` where torch cannot multiply that dtype on this CPU."""
+    ``min_s`` seconds; ``None`` where torch cannot multiply that dtype on this CPU. The best of many short
+    products: on a CPU that other work shares, a few of them still run alone."""
     import torch
 
     m, k, n = shape
@@ -141,13 +148,16 @@ def machine_record(threads: int = 0) -> dict[str, Any]:
     if threads:
         torch.set_num_threads(threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    fp32, bf16 = matmul_gflops("float32"), matmul_gflops("bfloat16")
     return {
         "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "load_average_1min": load,
         "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-        "matmul_gflops": {"shape": list(MODEL_SHAPE), "float32": matmul_gflops("float32"),
-                          "bfloat16": matmul_gflops("bfloat16")},
-        "engine_dtype": pick_cpu_dtype(),
+        "matmul_gflops": {"shape": list(MODEL_SHAPE), "float32": fp32, "bfloat16": bf16},
+        # the engine's rule (bf16 where it multiplies at least 2x as fast) on this longer measurement, and
+        # what the engine's own 30 ms probe answers now: on a busy CPU the two can disagree
+        "engine_dtype": "bfloat16" if bf16 and fp32 and bf16 >= 2 * fp32 else "float32",
+        "engine_dtype_quick_probe": pick_cpu_dtype(),
     }
 
 
@@ -166,7 +176,7 @@ async def _score_rounds(agent, envs: list, budget_s: float, min_rounds: int = 2,
         return [env, agent.make_policy(EpisodeContext(env_id=TASK, seed=seed)), obs, info]
 
     live = [start(env) for env in envs]
-    turns, decisions, rounds, t0 = [], 0, 0, time.perf_counter()
+    turns, decisions, rounds, t0, c0 = [], 0, 0, time.perf_counter(), time.process_time()
     while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - t0 < budget_s):
         actions = await asyncio.gather(*(policy.act(obs, info) for _, policy, obs, info in live))
         for slot, action in zip(live, actions, strict=True):
@@ -174,11 +184,18 @@ async def _score_rounds(agent, envs: list, budget_s: float, min_rounds: int = 2,
             obs, _, terminated, truncated, info = slot[0].step(action)
             slot[:] = start(slot[0]) if terminated or truncated else [slot[0], slot[1], obs, info]
         decisions, rounds = decisions + len(live), rounds + 1
-    return decisions, time.perf_counter() - t0, turns
+    return decisions, time.perf_counter() - t0, time.process_time() - c0, turns
 
 
-def probe_engine(threads: int = 0, budget_s: float = 20.0) -> dict[str, Any]:
-    """Time the real engine: scoring decisions, one LoRA update and the trainer's diagnostics (per sample)."""
+def _timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all threads) of ``fn()``."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def probe_engine(dtype: str, threads: int = 0, budget_s: float = 20.0) -> dict[str, Any]:
+    """Time the real engine in ``dtype``: scoring decisions, one LoRA update and the trainer's diagnostics."""
     import gymnasium as gym
 
     import crl_envs  # noqa: F401 - registers the crl/ ids
@@ -187,14 +204,14 @@ def probe_engine(threads: int = 0, budget_s: float = 20.0) -> dict[str, Any]:
     from crl_agent.rl import PolicyLearner, TurnSample, add_lora
 
     t0 = time.perf_counter()
-    llm = make_llm("transformers", None, **({"num_threads": threads} if threads else {}))
+    llm = make_llm("transformers", None, dtype=dtype, **({"num_threads": threads} if threads else {}))
     actor = add_lora(llm.model, r=16)  # in place, as the trainer does: rollouts score through the adapter
     learner = PolicyLearner(actor, lr=5e-4, loss="ppo", token_budget=2048)
     agent = LLMAgent(llm=llm, temperature=1.0, history=2, action_mode="score")
     envs = [gym.make(TASK) for _ in range(PROBE_EPISODES)]
     load_s = time.perf_counter() - t0
     try:
-        decisions, decide_s, turns = asyncio.run(_score_rounds(agent, envs, budget_s))
+        decisions, decide_s, decide_cpu_s, turns = asyncio.run(_score_rounds(agent, envs, budget_s))
     finally:
         for env in envs:
             env.close()
@@ -202,31 +219,40 @@ def probe_engine(threads: int = 0, budget_s: float = 20.0) -> dict[str, Any]:
                           old_logprobs=[t.action_logprob], temperature=t.temperature, norm=t.score_norm,
                           advantage=1.0 if i % 2 else -1.0) for i, t in enumerate(turns) if t is not None]
     # a slow machine times fewer samples (the update alone can take a minute there); both scale per sample
-    t1 = time.perf_counter()
-    learner.update(samples[:2])
-    n = 2 if time.perf_counter() - t1 > 4.0 else min(8, len(samples))
-    batch = samples[:n]
-    t1 = time.perf_counter()
-    learner.divergence(batch)
-    diagnostics_s = (time.perf_counter() - t1) / n
-    t1 = time.perf_counter()
-    learner.update(batch)
-    update_s = (time.perf_counter() - t1) / n
-    return {"load_s": load_s, "episodes": PROBE_EPISODES, "decisions": decisions,
-            "decision_s": decide_s / decisions,
+    n = 2 if _timed(lambda: learner.update(samples[:2]))[0] > 4.0 else min(8, len(samples))
+    diagnostics = _timed(lambda: learner.divergence(samples[:n]))
+    update = _timed(lambda: learner.update(samples[:n]))
+    import torch
+
+    threads = torch.get_num_threads()
+    return {"load_s": load_s, "episodes": PROBE_EPISODES, "decisions": decisions, "update_samples": n,
             "prompt_tokens_mean": sum(len(s.prompt_ids) for s in samples) / max(1, len(samples)),
-            "update_samples": n, "update_s": update_s, "diagnostics_s": diagnostics_s,
+            # wall seconds per unit, as this machine ran them now (slow while other work shares the CPU)
+            "wall": {"decision_s": decide_s / decisions, "update_s": update[0] / n, "diagnostics_s": diagnostics[0] / n},
+            # CPU seconds per unit over the threads: what they take with the cores to themselves
+            "cpu": {"decision_s": decide_cpu_s / decisions / threads, "update_s": update[1] / n / threads,
+                    "diagnostics_s": diagnostics[1] / n / threads},
             "wall_s": time.perf_counter() - t0}
 
 
 # ---------------------------------------------------------------------------------------- extrapolation
-def estimate(probe: dict[str, float]) -> dict[str, float]:
-    """Seconds per GRPO step and per 64-episode held-out evaluation from the probe's per-unit times
-    (``decision_s``, ``update_s`` and ``diagnostics_s`` per sample), by the formula of the module docstring."""
-    rollout = EPISODES_PER_STEP * DECISIONS_PER_EPISODE * probe["decision_s"]
-    update = SAMPLES_PER_STEP * (probe["update_s"] + probe["diagnostics_s"])
-    return {"step_s": C_STEP * (rollout + update),
-            "eval_s": C_EVAL * EVAL_EPISODES * DECISIONS_PER_EPISODE * probe["decision_s"]}
+def raw_times(units: dict[str, float]) -> tuple[float, float]:
+    """The formula's step and evaluation seconds before calibration, from per-unit seconds."""
+    rollout = EPISODES_PER_STEP * DECISIONS_PER_EPISODE * units["decision_s"]
+    update = SAMPLES_PER_STEP * (units["update_s"] + units["diagnostics_s"])
+    return rollout + update, EVAL_EPISODES * DECISIONS_PER_EPISODE * units["decision_s"]
+
+
+def estimate(units: dict[str, float]) -> dict[str, float]:
+    """Seconds per GRPO step and per 64-episode held-out evaluation from the probe's per-unit seconds
+    (``decision_s``; ``update_s`` and ``diagnostics_s`` per sample), by the formula of the module docstring,
+    with ``C_STEP`` and ``C_EVAL`` fitted on :data:`CALIBRATION`."""
+    if not all(units.get(k, 0) > 0 for k in ("decision_s", "update_s", "diagnostics_s")):
+        raise ValueError(f"the probe's units must all be positive seconds, got {units}")
+    step, evaluation = raw_times(units)
+    ref_step, ref_eval = raw_times(CALIBRATION)
+    c_step, c_eval = CALIBRATION["measured_step_s"] / ref_step, CALIBRATION["measured_eval_s"] / ref_eval
+    return {"step_s": c_step * step, "eval_s": c_eval * evaluation, "c_step": c_step, "c_eval": c_eval}
 
 
 def benchmark_costs(step_s: float, eval_s: float, steps: int = 32) -> list[dict[str, Any]]:
@@ -276,6 +302,9 @@ def report(record: dict[str, Any]) -> str:
     out = [f"CPU: {record['cpu_model']} ({record['cores']} cores, torch threads {record['torch_threads']}; {flags})",
            f"measured  matmul {'x'.join(map(str, mm['shape']))}: fp32 {gflops(mm['float32'])}, "
            f"bf16 {gflops(mm['bfloat16'])}; the engine picks {record['engine_dtype']}"]
+    if record.get("engine_dtype_quick_probe", record["engine_dtype"]) != record["engine_dtype"]:
+        out.append(f"note: the engine's own 30 ms probe (crl_agent.llm.cpu_dtype) answered "
+                   f"{record['engine_dtype_quick_probe']} just now: on a busy CPU a run may start in that dtype")
     load = record.get("load_average_1min")
     if load is not None and load > 0.5 * (record["cores"] or 1):
         out.append(f"note: load average {load:.1f} on {record['cores']} cores: other work shares this CPU, so "
@@ -284,15 +313,16 @@ def report(record: dict[str, Any]) -> str:
     if probe is None:
         out.append("(--quick: no engine probe, no estimate)")
         return "\n".join(out)
-    est, v = record["estimate"], record["verdict"]
-    out += [f"measured  engine (SmolLM2-135M + LoRA r=16, {record['engine_dtype']}): load {probe['load_s']:.1f} s; "
-            f"{probe['decisions']} scoring decisions, {probe['episodes']} episodes at once, "
-            f"{probe['decision_s']:.3f} s each (prompts {probe['prompt_tokens_mean']:.0f} tokens); "
-            f"LoRA update {probe['update_s']:.2f} s/sample and diagnostics {probe['diagnostics_s']:.2f} s/sample "
-            f"({probe['update_samples']} samples); probe {probe['wall_s']:.0f} s",
-            f"estimated GRPO step {est['step_s']:.0f} s (2 groups x 8, history 2, {TASK}), "
-            f"64-episode held-out evaluation {est['eval_s'] / 60:.1f} min "
-            f"(formula in benchmarks/host.py, calibrated on {CALIBRATION['cpu']}: 171 s, 3 min)"]
+    est, v, cpu, wall = record["estimate"], record["verdict"], probe["cpu"], probe["wall"]
+    out += [f"measured  engine (SmolLM2-135M + LoRA r=16, {record['engine_dtype']}, prompts "
+            f"{probe['prompt_tokens_mean']:.0f} tokens): {probe['decisions']} scoring decisions of {probe['episodes']} "
+            f"episodes at once, {cpu['decision_s']:.3f} s each (wall {wall['decision_s']:.3f} s); LoRA update "
+            f"{cpu['update_s']:.2f} s a sample (wall {wall['update_s']:.2f} s) and diagnostics "
+            f"{cpu['diagnostics_s']:.2f} s a sample (wall {wall['diagnostics_s']:.2f} s), {probe['update_samples']} "
+            f"samples; model load {probe['load_s']:.0f} s, probe {probe['wall_s']:.0f} s in all",
+            f"estimated GRPO step {est['step_s']:.0f} s (2 groups x 8, history 2, {TASK}), 64-episode held-out "
+            f"evaluation {est['eval_s'] / 60:.1f} min: the CPU units through the formula in benchmarks/host.py "
+            f"(x{est['c_step']:.2f} and x{est['c_eval']:.2f}, fitted on {CALIBRATION['cpu']}: 171 s, 3 min)"]
     for row in v["benchmarks"]:
         out.append(f"  {'fits' if row['fits'] else 'no  '} {row['hours']:5.1f} h  {row['command']}")
     out.append(f"verdict: {v['line']}")
@@ -311,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--session-hours and --budget-s must be > 0 and --threads >= 0")
     record: dict[str, Any] = {"schema_version": "1.0", **machine_record(args.threads)}
     if not args.quick:
-        record["probe"] = probe_engine(args.threads, args.budget_s)
-        record["estimate"] = estimate(record["probe"])
+        record["probe"] = probe_engine(record["engine_dtype"], args.threads, args.budget_s)
+        record["estimate"] = estimate(record["probe"]["cpu"])
         record["verdict"] = verdict(record["estimate"]["step_s"], record["estimate"]["eval_s"], args.session_hours)
     print(json.dumps(record, indent=2) if args.json else report(record))
     return 0
