@@ -6,7 +6,7 @@ EXTRAS ?= all,test
 # bubblewrap: the default sandbox of the SWE-bench envs (installed only where apt-get is available).
 APT_PACKAGES ?= bubblewrap git chromium docker.io debootstrap
 
-.PHONY: setup run test test-all test-vllm vllm-cpu lint bench
+.PHONY: setup run test test-all test-vllm vllm-cpu lint bench hostcheck
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -55,3 +55,8 @@ lint: setup
 
 bench: setup
 	@for f in benchmarks/*.py; do echo "== $$f"; $(VENV)/bin/python $$f || exit 1; done
+
+# Know the machine before a long run (about a minute): matmul GFLOP/s, the engine's dtype, estimated seconds
+# per GRPO step and per held-out evaluation, and which committed benchmarks fit a 2.5-hour session here.
+hostcheck: setup
+	$(VENV)/bin/python benchmarks/host.py
