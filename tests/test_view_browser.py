@@ -31,14 +31,36 @@ CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args, tmp_path_factory):
-    """Launch Debian's Chromium (never a downloaded one), keeping its profile and cache out of $HOME."""
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Debian's Chromium (never a downloaded one), one per test module, its profile and cache out of $HOME.
+
+    Playwright's sync API keeps an event loop running in this thread while it is started, so it is stopped
+    with the module: a test that runs after it in the same worker (eval.run's ``asyncio.run``) needs the
+    thread back. (pytest-playwright's own ``browser`` lives for the whole session.)
+    """
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; make setup does it)")
+    from playwright.sync_api import sync_playwright
+
     home = tmp_path_factory.mktemp("chromium-home")
     env = {**os.environ, "XDG_CONFIG_HOME": str(home), "XDG_CACHE_HOME": str(home)}
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "env": env}
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, env=env)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def context(browser):
+    ctx = browser.new_context()
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture
+def page(context):
+    return context.new_page()
 
 
 def _eval_run(agent: str, out: Path) -> Path:

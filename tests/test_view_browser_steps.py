@@ -20,7 +20,7 @@ from tests import test_view_browser as B  # noqa: E402
 from tests import view_fixtures as F  # noqa: E402
 
 Watch, _open, _shot = B.Watch, B._open, B._shot
-browser_type_launch_args, watched = B.browser_type_launch_args, B.watched  # the same Chromium and page fixtures
+browser, context, page, watched = B.browser, B.context, B.page, B.watched  # the same Chromium and page fixtures
 pytestmark = pytest.mark.browser
 TASK = F.SOKOBAN
 AGENTS = {"random": {"name": "random"}, "oracle": {"name": "oracle"}, "llm": {"name": "llm", "llm": {"model": "tiny"}},

@@ -1,7 +1,7 @@
 """The viewer at a phone's width (390×844) and a desktop's (1280×800), in a real browser (``pytest -m browser``).
 
 Each test runs at both sizes. The setup is :mod:`tests.test_view_browser`'s (Debian's Chromium driven by
-Playwright, one browser for the session, pages opened from ``file://``). The runs are real Sokoban episodes
+Playwright, one browser per module, pages opened from ``file://``). The runs are real Sokoban episodes
 played here, with made-up LLM turns, plus damaged runs: a torn ``episodes.jsonl`` line, a cut-off trajectories
 file and an empty ``episodes.jsonl``.
 """
@@ -24,7 +24,7 @@ from eval.view import build_site  # noqa: E402
 from tests import test_view_browser as B  # noqa: E402
 from tests import view_fixtures as F  # noqa: E402
 
-browser_type_launch_args = B.browser_type_launch_args  # the same Chromium
+browser, context, page = B.browser, B.context, B.page  # the same Chromium, one per module
 pytestmark = pytest.mark.browser
 TASK = F.SOKOBAN
 SIZES = [(390, 844), (1280, 800)]
