@@ -54,6 +54,7 @@ run reports (metrics rows, TensorBoard scalars, the curve) :mod:`crl_agent.train
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -135,16 +136,18 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             # rank 0's clock decides, so every rank stops after the same step
             last = dist.broadcast(step + 1 == cfg.steps or (cfg.time_budget_min > 0
                                                             and clock.trained_s() > 60 * cfg.time_budget_min))
-            t0 = time.perf_counter()
-            merged = await bank_upkeep(cfg, setup, step, out, dist)                                  # 1.
-            extractor_update = await start_extractor_update(cfg, setup, step, dist)                  # 2.
-            with one_bank_snapshot(setup.manager):  # the bank's writes land after the step's rollouts
+            t0, times = time.perf_counter(), StepTimes()
+            with times("bank_s"):
+                merged = await bank_upkeep(cfg, setup, step, out, dist)                              # 1.
+            with times("extractor_wait_s"):
+                extractor_update = await start_extractor_update(cfg, setup, step, dist)              # 2.
+            with times("rollout_s"), one_bank_snapshot(setup.manager):  # writes land after the rollouts
                 batch = await rollout(cfg, pool, setup.agent, step, dist)                            # 3.
-            rollout_s = time.perf_counter() - t0
             advantages = group_advantages(cfg, batch)                                                # 4.
-            actor = await actor_update(cfg, setup, batch, advantages, step, dist)                    # 5.
-            extractor_row = await extractor_update.join(step) if extractor_update is not None else {}  # 6.
-            row = step_metrics(cfg, setup, step, batch, actor, rollout_s, extractor_row, merged, dist)  # 7.
+            actor = await actor_update(cfg, setup, batch, advantages, step, dist, times)             # 5.
+            with times("extractor_wait_s"):
+                extractor_row = await extractor_update.join(step) if extractor_update is not None else {}  # 6.
+            row = step_metrics(cfg, setup, step, batch, actor, times, extractor_row, merged, dist)   # 7.
             row["time_s"] = time.perf_counter() - t0
             if dist.main:
                 append_jsonl(out / "metrics.jsonl", row)
@@ -263,19 +266,22 @@ def group_advantages(cfg: TrainConfig, batch: Rollouts) -> list[float]:
 
 
 async def actor_update(cfg: TrainConfig, setup: RunSetup, batch: Rollouts, advantages: list[float], step: int,
-                       dist) -> ActorStep:
+                       dist, times: StepTimes) -> ActorStep:
     """5. The scored turns become :class:`~crl_agent.rl.TurnSample` s (:func:`~crl_agent.rl.turn_samples`:
     the loss weighting), the learner takes ``--ppo-epochs`` PPO-clip steps on them, and the backend serves
-    the new weights (``setup.actor_sync``)."""
+    the new weights (``setup.actor_sync``). Every ``--diagnose-every`` steps the divergence diagnostics
+    run first (``diagnose_s``, timed apart from ``actor_update_s``)."""
     rng = random.Random(cfg.seed * 1_000_003 + step + 104_729 * dist.rank)
     actor = turn_samples([e for _, e in batch.learn], advantages, cfg.turn_weight, cfg.turns_per_episode, rng)
-    t0 = time.perf_counter()
-    metrics = await update(setup.actor_sync, setup.learner, actor.samples, cfg.ppo_epochs, weight=actor.loss_weight,
-                           diagnose=True)
-    return ActorStep(len(actor.samples), metrics, t0)
+    diagnose = cfg.diagnose_every > 0 and (step + 1) % cfg.diagnose_every == 0
+    with times("actor_update_s"):
+        metrics = await update(setup.actor_sync, setup.learner, actor.samples, cfg.ppo_epochs,
+                               weight=actor.loss_weight, diagnose=diagnose)
+    times.move("actor_update_s", "diagnose_s", metrics.pop("diagnose_s", 0.0))
+    return ActorStep(len(actor.samples), metrics)
 
 
-def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, actor: ActorStep, rollout_s: float,
+def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, actor: ActorStep, times: StepTimes,
                  extractor_row: dict[str, float], merged: dict[str, Any], dist) -> dict[str, Any]:
     """7. The step's ``metrics.jsonl`` row, over every rank's episodes: success over the scheduled groups (as
     sampled, before dynamic sampling adds or drops any), rollout statistics, the actor's and extractor's
@@ -290,8 +296,9 @@ def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, 
     every = [x for p in parts for x in p["rewards"]]
     n_episodes = sum(p["episodes"] for p in parts)
     tokens = sum(p["tokens"] for p in parts)
-    row = {"step": step + 1, "time_s": 0.0, "rollout_s": rollout_s, "update_s": time.perf_counter() - actor.started,
-           "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(rollout_s, 1e-9),
+    # each part of the step timed on its own (rank 0's clock; time_s is the whole step)
+    row = {"step": step + 1, "time_s": 0.0, **times.row(),
+           "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(times["rollout_s"], 1e-9),
            "samples": sum(p["samples"] for p in parts), "episodes": n_episodes,
            "errored": n_episodes - len(every),
            "train_success": sum(r for *_, r in every) / max(1, len(every)),
@@ -383,11 +390,34 @@ class Rollouts:
 
 @dataclass
 class ActorStep:
-    """What the actor update did: its samples, the learner's metrics, and when it started (``update_s``)."""
+    """What the actor update did: its samples and the learner's metrics."""
 
     samples: int
     metrics: dict[str, float]
-    started: float
+
+
+class StepTimes(dict):
+    """Seconds each part of a step took, by ``metrics.jsonl`` key: ``with times("rollout_s"): ...`` adds the
+    block's wall time to its key (a part timed twice, as the extractor wait before and after the
+    rollouts, adds up)."""
+
+    KEYS = ("bank_s", "extractor_wait_s", "rollout_s", "actor_update_s", "diagnose_s")
+
+    @contextlib.contextmanager
+    def __call__(self, key: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[key] = self.get(key, 0.0) + time.perf_counter() - t0
+
+    def move(self, source: str, target: str, seconds: float) -> None:
+        """Count ``seconds`` of ``source``'s time as ``target``'s (a part measured inside another)."""
+        self[source] = self.get(source, 0.0) - seconds
+        self[target] = self.get(target, 0.0) + seconds
+
+    def row(self) -> dict[str, float]:
+        return {k: self.get(k, 0.0) for k in self.KEYS}
 
 
 @dataclass
@@ -453,7 +483,7 @@ async def update(sync, learner, samples, epochs: int = 1, weight: float | None =
     After the first epoch the samples are older than the learner by design: their recorded log-probs are
     PPO's old policy, so the ratio moves away from 1 and the clip engages; ``stale`` reports the first
     epoch's count. ``diagnose`` adds :meth:`PolicyLearner.divergence` of the samples before the update
-    (``kl_ref``...).
+    (``kl_ref``...) and the seconds it took (``diagnose_s``).
     """
     if not samples and learner.reduce_gradients is None:  # a rank of several joins the collective even so
         return {}
@@ -461,7 +491,8 @@ async def update(sync, learner, samples, epochs: int = 1, weight: float | None =
     def learn() -> dict[str, float]:
         before = learner.version
         # how far the rollouts' policy (the weights before this update) has moved from the untrained one
-        divergence = learner.divergence(samples) if diagnose else {}
+        t0 = time.perf_counter()
+        divergence = {**learner.divergence(samples), "diagnose_s": time.perf_counter() - t0} if diagnose else {}
         first = last = learner.update(samples, weight)
         for _ in range(epochs - 1):
             last = learner.update(samples, weight)

@@ -40,6 +40,24 @@ def test_grpo_training_takes_the_tiny_model_from_chance_to_solving_held_out_seed
     assert (tmp_path / "curve.png").stat().st_size > 1000
 
 
+def test_each_part_of_a_step_is_timed_apart_and_the_diagnostics_run_every_n_steps(tiny, tmp_path):
+    cfg = TrainConfig(tasks=DOORS, mode="grpo", model=tiny, dtype="float32", steps=4, groups=1, group_size=4,
+                      lora_rank=4, score_norm="mean", eval_every=0, eval_episodes=2, diagnose_every=2,
+                      dynamic_sampling=0, seed=0)
+    asyncio.run(train(cfg, tmp_path, quiet=True))
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    parts = ("bank_s", "extractor_wait_s", "rollout_s", "actor_update_s", "diagnose_s")
+    for r in rows:
+        assert all(r[k] >= 0 for k in parts) and r["rollout_s"] > 0 and r["actor_update_s"] > 0
+        assert sum(r[k] for k in parts) <= r["time_s"]  # disjoint parts of the step
+        assert r["extractor_wait_s"] < 0.05 and "update_s" not in r  # grpo: no extractor to wait for
+    # the divergence diagnostics (and their time) only on steps 2 and 4
+    assert [("actor/kl_ref" in r, r["diagnose_s"] > 0) for r in rows] == [(False, False), (True, True)] * 2
+    assert all(r["actor/samples_used"] > 0 or r["actor/updated"] == 0 for r in rows)
+    with pytest.raises(ValueError, match="--diagnose-every"):
+        TrainConfig(diagnose_every=-1).check()
+
+
 def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny, tmp_path):
     args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "1", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "1", "--embedder", "hash",
@@ -48,6 +66,7 @@ def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny,
     assert main([*args, "--steps", "1"]) == 0
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["episodes"] == 4 and "train_success_with_experience" in row and "bank_entries" in row
+    assert row["bank_s"] > 0 and row["extractor_wait_s"] >= 0  # the flush, timed apart from the rollouts
     evals = [json.loads(x) for x in (tmp_path / "evals.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 1] and "with_experience" in evals[-1]
     assert (tmp_path / "checkpoint.pt").exists() and (tmp_path / "extractor_calls.jsonl").exists()

@@ -40,7 +40,8 @@ def _rows(path):
 
 def _run(tiny, out, **kw):
     cfg = TrainConfig(tasks=RARE, mode="grpo", model=tiny, dtype="float32", groups=1, group_size=4, lr=1e-3,
-                      lora_rank=4, score_norm="mean", eval_every=0, eval_episodes=2, concurrency=8, seed=0, **kw)
+                      lora_rank=4, score_norm="mean", eval_every=0, eval_episodes=2, concurrency=8, seed=0,
+                      diagnose_every=1, **kw)
     asyncio.run(train(cfg, out, quiet=True))
     return _rows(out / "metrics.jsonl")
 
