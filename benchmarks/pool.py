@@ -3,8 +3,10 @@
 - cheap env (Sokoban 6x6): per-step overhead of each backend, in microseconds: the inline
   pool (a thread per slot; and ``threads=False``, on the loop) and the process pool
   (target <= 100 us on an idle machine; a peer's thread-based async vector env adds 26-96 us here);
-- the Ray pool with 4, 16 and 64 slots on one actor (goal <= 200 us a step), beside one Ray call a
-  step on the same actor (how the pool called Ray before it sent each actor's calls as one batch);
+- the Ray pool with 4, 16 and 64 slots on one actor (goal <= 200 us a step): its calls over the direct
+  socket to the actor (the default), beside each actor's calls of one event-loop turn as one Ray call
+  (``direct=False``, how the pool sent them before the socket) and one Ray call a step on the same actor
+  (before that);
 - CPU-heavy env (Sokoban that re-solves its level every step): speed-up with 2 workers on
   2 cores (target >= 1.7x).
 
@@ -104,7 +106,8 @@ def cpu_scaling_ceiling() -> float:
 
 def main() -> None:
     out: dict = {"schema_version": "1.0", "machine": platform.processor() or platform.machine(),
-                 "cpus": os.cpu_count(), "cheap_env": "crl/Sokoban-6x6-2-v0"}
+                 "cpus": os.cpu_count(), "cheap_env": "crl/Sokoban-6x6-2-v0",
+                 "load_average_1min_at_start": os.getloadavg()[0]}
     n_envs, steps = 4, 2000
     seq = sequential("crl/Sokoban-6x6-2-v0", n_envs, steps)
     total = n_envs * steps
@@ -124,16 +127,21 @@ def main() -> None:
         import ray
 
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        # a cluster of its own, even where another one runs on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}})
         per_step = seq / total
         for n, ray_steps in ((4, 500), (16, 200), (64, 60)):
             t1 = pooled("crl/Sokoban-6x6-2-v0", n, ray_steps, 1, backend="ray", unbatched=True)
+            t2 = pooled("crl/Sokoban-6x6-2-v0", n, ray_steps, 1, backend="ray", direct=False)
             t = pooled("crl/Sokoban-6x6-2-v0", n, ray_steps, 1, backend="ray")
-            over1, over = (t1 / (n * ray_steps) - per_step) * 1e6, (t / (n * ray_steps) - per_step) * 1e6
-            out[f"overhead_us_ray_{n}_slots"], out[f"overhead_us_ray_{n}_slots_unbatched"] = over, over1
-            print(f"  ray, {n} slots on 1 actor: overhead {over:+.1f} us/step (goal <= 200); one Ray call a step "
-                  f"{over1:+.1f} us/step: {t1 / t:.1f}x the batched time")
+            over1, over2, over = ((x / (n * ray_steps) - per_step) * 1e6 for x in (t1, t2, t))
+            out[f"overhead_us_ray_{n}_slots"] = over
+            out[f"overhead_us_ray_{n}_slots_ray_calls"] = over2
+            out[f"overhead_us_ray_{n}_slots_unbatched"] = over1
+            print(f"  ray, {n} slots on 1 actor: overhead {over:+.1f} us/step (goal <= 200); a Ray call a batch "
+                  f"{over2:+.1f} us/step ({t2 / t:.1f}x the time); one Ray call a step {over1:+.1f} us/step "
+                  f"({t1 / t:.1f}x)")
         ray.shutdown()
     except ImportError:
         print("  ray not installed: skipped the ray backend")
@@ -149,6 +157,7 @@ def main() -> None:
         print(f"  pool {w} worker(s): {t / total * 1e3:.2f} ms/step, speed-up {seq / t:.2f}x"
               + (f" (target >= 1.7x; {seq / t / ceiling:.0%} of the machine's ceiling)" if w == 2 else ""))
     out["cpu_scaling_ceiling"] = ceiling
+    out["load_average_1min_at_end"] = os.getloadavg()[0]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "pool.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {RESULTS / 'pool.json'}")
