@@ -19,11 +19,12 @@ This script prints:
 3. what it extrapolates from that probe (:func:`estimate`), per unit ``decision_s`` (one scoring decision),
    ``update_s`` and ``diagnostics_s`` (per trained sample)::
 
-       step_s = C_STEP * (16 episodes * 13.5 decisions * decision_s + 32 samples * (update_s + diagnostics_s))
+       step_s = C_STEP * (16 episodes * 13.5 decisions * decision_s + 32 samples * (update_s + diagnostics_s / 4))
        eval_s = C_EVAL * 64 episodes * 13.5 decisions * decision_s
 
    (16 episodes and 32 samples: 2 groups x 8 rollouts, 2 trained turns each; 13.5: the untrained actor's
-   mean episode length on held-out seeds, benchmarks/results/train_cpu/). ``C_STEP`` and ``C_EVAL`` cover
+   mean episode length on held-out seeds, benchmarks/results/train_cpu/; / 4: the trainer's diagnostics
+   run every ``--diagnose-every 4`` steps). ``C_STEP`` and ``C_EVAL`` cover
    what the probe leaves out (env steps, the batcher's gaps, dynamic sampling's extra groups, the
    trainer's bookkeeping, and the shorter episodes of a policy that learns); they are fitted so that the
    probe's units measured on the 2-core AVX512-BF16 EPYC (:data:`CALIBRATION`) give that machine's
@@ -60,6 +61,9 @@ PROBE_SEED = 2_000_000  # far from training (0+) and held-out (1,000,000+) seeds
 # the trainer's step as train_cpu.py runs it: 2 groups x 8 rollouts, 2 trained turns per episode
 EPISODES_PER_STEP = 16
 SAMPLES_PER_STEP = 32
+# the trainer's --diagnose-every default: its divergence diagnostics (two forward passes over the step's
+# trained turns) run every 4th step (the calibration run had them every step)
+DIAGNOSE_EVERY = 4
 DECISIONS_PER_EPISODE = 13.5  # untrained actor, held-out (train_cpu evaluations at step 0: 13.4-13.8)
 EVAL_EPISODES = 64
 EVALS_PER_RUN = 5  # --steps 32 --eval-every 8: before, 8, 16, 24, 32
@@ -236,21 +240,21 @@ def probe_engine(dtype: str, threads: int = 0, budget_s: float = 20.0) -> dict[s
 
 
 # ---------------------------------------------------------------------------------------- extrapolation
-def raw_times(units: dict[str, float]) -> tuple[float, float]:
+def raw_times(units: dict[str, float], diagnose_every: int = DIAGNOSE_EVERY) -> tuple[float, float]:
     """The formula's step and evaluation seconds before calibration, from per-unit seconds."""
     rollout = EPISODES_PER_STEP * DECISIONS_PER_EPISODE * units["decision_s"]
-    update = SAMPLES_PER_STEP * (units["update_s"] + units["diagnostics_s"])
+    update = SAMPLES_PER_STEP * (units["update_s"] + units["diagnostics_s"] / max(1, diagnose_every))
     return rollout + update, EVAL_EPISODES * DECISIONS_PER_EPISODE * units["decision_s"]
 
 
-def estimate(units: dict[str, float]) -> dict[str, float]:
+def estimate(units: dict[str, float], diagnose_every: int = DIAGNOSE_EVERY) -> dict[str, float]:
     """Seconds per GRPO step and per 64-episode held-out evaluation from the probe's per-unit seconds
     (``decision_s``; ``update_s`` and ``diagnostics_s`` per sample), by the formula of the module docstring,
-    with ``C_STEP`` and ``C_EVAL`` fitted on :data:`CALIBRATION`."""
+    with ``C_STEP`` and ``C_EVAL`` fitted on :data:`CALIBRATION` (whose run diagnosed every step)."""
     if not all(units.get(k, 0) > 0 for k in ("decision_s", "update_s", "diagnostics_s")):
         raise ValueError(f"the probe's units must all be positive seconds, got {units}")
-    step, evaluation = raw_times(units)
-    ref_step, ref_eval = raw_times(CALIBRATION)
+    step, evaluation = raw_times(units, diagnose_every)
+    ref_step, ref_eval = raw_times(CALIBRATION, diagnose_every=1)
     c_step, c_eval = CALIBRATION["measured_step_s"] / ref_step, CALIBRATION["measured_eval_s"] / ref_eval
     return {"step_s": c_step * step, "eval_s": c_eval * evaluation, "c_step": c_step, "c_eval": c_eval}
 
