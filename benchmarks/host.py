@@ -72,14 +72,15 @@ EVALS_PER_RUN = 5  # --steps 32 --eval-every 8: before, 8, 16, 24, 32
 EXPERIENCE_EVAL_FACTOR = 2.45
 EXPERIENCE_STEP_FACTOR = 1.7
 
-# Calibration (see the module docstring): the probe's CPU-time units on the 2-core AVX512-BF16 EPYC (AMD
-# EPYC family 25 model 17, bf16; mean of two probes on 2026-12-06 at load averages 11 and 17 from other
-# work: decision 0.299/0.311 s, update 0.875/0.868 s, diagnostics 0.690/0.700 s a sample) give a raw step
-# of 16 * 13.5 * 0.305 + 32 * (0.872 + 0.695) = 116 s and a raw evaluation of 64 * 13.5 * 0.305 = 264 s;
-# that machine's measured step was 171 s (median of 32, dynamic sampling's extra groups included) and its
-# evaluations 2-4 minutes (fewer decisions as the policy learns: 13.5 -> ~9.5 a episode; 32 at once).
-CALIBRATION = {"cpu": "AMD EPYC (AVX512-BF16), 2 cores", "decision_s": 0.305, "update_s": 0.872,
-               "diagnostics_s": 0.695, "measured_step_s": 171.0, "measured_eval_s": 180.0}
+# Calibration (see the module docstring): the probe's CPU units on the 2-core AVX512-BF16 EPYC (AMD EPYC
+# family 25 model 17, bf16), mean of four probes on 2026-12-06 at load averages 11-17 from other work
+# (decision 0.299-0.311 s; update 0.868-0.925 s and diagnostics 0.633-0.700 s a sample, batches of 2 and 8),
+# give a raw step of 16 * 13.5 * 0.307 + 32 * (0.889 + 0.665) = 116 s (diagnosed every step, as that run
+# was) and a raw evaluation of 64 * 13.5 * 0.307 = 265 s; that machine's measured step was 171 s (median
+# of 32, dynamic sampling's extra groups included) and its evaluations 2-4 minutes (fewer decisions as the
+# policy learns: 13.5 -> ~9.5 an episode; 32 episodes at once).
+CALIBRATION = {"cpu": "AMD EPYC (AVX512-BF16), 2 cores", "decision_s": 0.307, "update_s": 0.889,
+               "diagnostics_s": 0.665, "measured_step_s": 171.0, "measured_eval_s": 180.0}
 
 # Benchmarks costed from their committed results: (command, seconds recorded, that machine's seconds for
 # a 64-episode held-out evaluation, where the record comes from). The cost here is recorded * eval_here /
@@ -201,6 +202,7 @@ def _timed(fn) -> tuple[float, float]:
 def probe_engine(dtype: str, threads: int = 0, budget_s: float = 20.0) -> dict[str, Any]:
     """Time the real engine in ``dtype``: scoring decisions, one LoRA update and the trainer's diagnostics."""
     import gymnasium as gym
+    import torch
 
     import crl_envs  # noqa: F401 - registers the crl/ ids
     from crl_agent.agents.llm import LLMAgent
@@ -222,13 +224,12 @@ def probe_engine(dtype: str, threads: int = 0, budget_s: float = 20.0) -> dict[s
     samples = [TurnSample(prompt_ids=t.prompt_token_ids, candidate_ids=t.candidate_token_ids, chosen=t.chosen,
                           old_logprobs=[t.action_logprob], temperature=t.temperature, norm=t.score_norm,
                           advantage=1.0 if i % 2 else -1.0) for i, t in enumerate(turns) if t is not None]
-    # a slow machine times fewer samples (the update alone can take a minute there); both scale per sample
-    n = 2 if _timed(lambda: learner.update(samples[:2]))[0] > 4.0 else min(8, len(samples))
+    threads = torch.get_num_threads()
+    # 8 samples (padded micro-batches as the trainer's); 2 where the update alone would take minutes (CPU
+    # seconds decide, so a busy machine times the same batch as an idle one of its kind)
+    n = 2 if _timed(lambda: learner.update(samples[:2]))[1] / threads > 4.0 else min(8, len(samples))
     diagnostics = _timed(lambda: learner.divergence(samples[:n]))
     update = _timed(lambda: learner.update(samples[:n]))
-    import torch
-
-    threads = torch.get_num_threads()
     return {"load_s": load_s, "episodes": PROBE_EPISODES, "decisions": decisions, "update_samples": n,
             "prompt_tokens_mean": sum(len(s.prompt_ids) for s in samples) / max(1, len(samples)),
             # wall seconds per unit, as this machine ran them now (slow while other work shares the CPU)
