@@ -225,9 +225,9 @@ def probe_engine(dtype: str, threads: int = 0, budget_s: float = 20.0) -> dict[s
                           old_logprobs=[t.action_logprob], temperature=t.temperature, norm=t.score_norm,
                           advantage=1.0 if i % 2 else -1.0) for i, t in enumerate(turns) if t is not None]
     threads = torch.get_num_threads()
-    # 8 samples (padded micro-batches as the trainer's); 2 where the update alone would take minutes (CPU
-    # seconds decide, so a busy machine times the same batch as an idle one of its kind)
-    n = 2 if _timed(lambda: learner.update(samples[:2]))[1] / threads > 4.0 else min(8, len(samples))
+    # 4 samples (batches of 2 and 8 gave the same seconds a sample within 5%); 2 where the update alone would
+    # take a minute (CPU seconds decide, so a busy machine times the same batch as an idle one of its kind)
+    n = 2 if _timed(lambda: learner.update(samples[:2]))[1] / threads > 4.0 else min(4, len(samples))
     diagnostics = _timed(lambda: learner.divergence(samples[:n]))
     update = _timed(lambda: learner.update(samples[:n]))
     return {"load_s": load_s, "episodes": PROBE_EPISODES, "decisions": decisions, "update_samples": n,
