@@ -25,6 +25,10 @@ RESUMABLE_CHANGES = ("steps", "time_budget_min", "threads", "num_workers", "env_
 ENV_BACKENDS = ("process", "ray")
 BACKENDS = ("transformers", "vllm")  # where the actor's rollouts run (--backend)
 # agent constructor arguments the trainer sets itself (--agent-arg may not override them)
+# defaults that changed after runs were recorded with the old one: a checkpoint whose config lacks the field ran
+# with the old default (so --resume compares against that), and one that resumes without the flag is refused with
+# the flag that continues it as it was (never silently switched to what it did not learn with)
+CHANGED_DEFAULTS = {"dynamic_sampling": 0}  # issue 37: dynamic sampling on by default (the paper's algorithm: 0)
 TRAINER_AGENT_ARGS = frozenset({"llm", "model", "backend", "extractor", "extractor_model", "temperature", "score_norm",
                                 "action_mode", "seed", "history", "run_dir", "embedder", "explore", "learning"})
 
@@ -63,10 +67,10 @@ class TrainConfig:
     lr: float = 3e-4  # AdamW, constant (LoRA; the official full fine-tune uses 1e-6)
     lora_rank: int = 16  # 0: train every weight
     clip_eps: float = 0.2
-    # robustness (0: off, the paper's algorithm): DAPO-style dynamic sampling plays up to this many extra groups a
-    # step (fresh seeds) while fewer of the step's groups than --groups have mixed outcomes, and updates only on
-    # the groups with mixed outcomes
-    dynamic_sampling: int = 0
+    # robustness: DAPO-style dynamic sampling plays up to this many extra groups a step (fresh seeds) while fewer
+    # of the step's (group, with/without experience) halves than scheduled have mixed outcomes, and updates only
+    # on the halves with mixed outcomes. On by default (0: off, the paper's algorithm): see HELP
+    dynamic_sampling: int = 4
     kl_coef: float = 0.0  # + kl_coef * KL(policy || the untrained policy) per scored turn (exact, over its candidates)
     entropy_coef: float = 0.0  # - entropy_coef * the entropy of each scored turn's action distribution
     # the divergence diagnostics (actor/kl_ref, tv_ref, entropy_now/_ref): two more forward passes over every scored
@@ -218,6 +222,11 @@ HELP = {
     "mode": "grpo (outcome-only), crl (actor and extractor both trained) or static (the extractor frozen; its bank "
             "still grows online) (default: grpo)",
     "extractor_model": "crl/static: a local causal LM for the extractor (default: --model)",
+    "dynamic_sampling": "DAPO's dynamic sampling: while fewer (group, with/without experience) halves than scheduled "
+                        "have mixed outcomes, play up to N more groups a step on fresh seeds, and learn from the "
+                        "halves with mixed outcomes only; 0: off, the paper's algorithm. On by default because small "
+                        "CPU batches lose their signal: train_cpu.py seed 7 went 26.6%% -> 73.4%% held-out in 32 steps "
+                        "with 4, and collapsed 25.0%% -> 17.2%% without (default: 4)",
     "diagnose_every": "run the divergence diagnostics (actor/kl_ref, actor/tv_ref, entropies against the untrained "
                       "policy) every N steps, on the steps that are multiples of N; 0: never. They are two extra "
                       "forward passes over every scored turn, ~18%% of a CPU step (36 s of 196 s measured), so every "

@@ -15,7 +15,7 @@ from typing import Any
 
 from crl_agent.llm.base import LLMError
 from crl_agent.rollout import open_pool
-from crl_agent.train_config import RESUMABLE_CHANGES, ConfigError, TrainConfig, manager_settings
+from crl_agent.train_config import CHANGED_DEFAULTS, RESUMABLE_CHANGES, ConfigError, TrainConfig, manager_settings
 
 
 @dataclass
@@ -162,13 +162,17 @@ def prepare_run_folder(cfg: TrainConfig, out: Path, dist, resume: bool) -> Path:
         saved = torch.load(ckpt_path, weights_only=False, map_location="cpu")["config"]  # what the weights came from
         if "env" in saved:  # a run from before --tasks named its one task --env
             saved.setdefault("tasks", saved.pop("env"))
-        # a run from before a field existed ran with its default (e.g. --agent-arg, --distil-per-group)
+        # a run from before a field existed ran with the default of that time (e.g. --agent-arg, --distil-per-group;
+        # --dynamic-sampling: 0, CHANGED_DEFAULTS)
         for f in dataclasses.fields(TrainConfig):
-            saved.setdefault(f.name, f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            saved.setdefault(f.name, CHANGED_DEFAULTS.get(f.name, default))
         resumable = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_CHANGES}
         diff = config_diff({k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}, resumable)
         if diff:
-            raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}); "
+            as_before = [f"--{k.replace('_', '-')} {saved[k]}" for k in diff if k in CHANGED_DEFAULTS]
+            hint = f" (its default has changed: add {' '.join(as_before)} to continue it as it was)" if as_before else ""
+            raise SystemExit(f"--resume: {out} was trained with another config ({'; '.join(diff)}){hint}; "
                              "use the same options or another --out")
     dist.barrier()  # every rank has read the checkpoint's config before rank 0 may write anything
     return home

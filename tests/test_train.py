@@ -62,6 +62,7 @@ def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny,
     args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "1", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "1", "--embedder", "hash",
             "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4", "--distil-workers", "2",
+            "--dynamic-sampling", "0",  # the paper's algorithm: exactly the scheduled episodes are distilled
             "--agent-arg", "max_tool_calls=0", "--agent-arg", 'manager_config={"merge_threshold": 0.95}']
     assert main([*args, "--steps", "1"]) == 0
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
@@ -236,7 +237,7 @@ def test_a_crl_step_with_distil_per_group_distils_only_that_many_episodes(tiny, 
     args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "4", "--eval-episodes", "1", "--eval-every", "0", "--embedder", "hash",
             "--lora-rank", "4", "--distil-max-tokens", "16", "--distil-per-group", "1", "--steps", "2",
-            "--agent-arg", "max_tool_calls=0"]
+            "--dynamic-sampling", "0", "--agent-arg", "max_tool_calls=0"]
     assert main(args) == 0
     calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
     distilled = [c for c in calls if c.get("type") == "call" and c.get("kind") == "distil"]
@@ -394,7 +395,7 @@ def test_envs_in_worker_processes_a_crashed_worker_errors_its_episodes_and_train
     monkeypatch.setenv("CRL_TEST_CRASH_MARK", str(mark))  # the spawned workers inherit it
     cfg = TrainConfig(tasks=CRASHY, mode="grpo", model=tiny, dtype="float32", steps=3, groups=2, group_size=4,
                       lr=3e-3, lora_rank=0, score_norm="mean", eval_every=0, eval_episodes=8, seed=0,
-                      concurrency=4, num_workers=2, env_backend="process")
+                      concurrency=4, num_workers=2, env_backend="process", dynamic_sampling=0)
     evals = asyncio.run(train(cfg, tmp_path / "run", quiet=True))
     assert mark.exists()  # a worker really died: on the first training group (seed 0)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

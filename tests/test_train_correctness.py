@@ -103,7 +103,7 @@ def test_held_out_evaluations_and_checkpoints_wait_for_the_steps_distillations(t
     args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "static", "--model", tiny, "--dtype",
             "float32", "--steps", "2", "--groups", "1", "--group-size", "2", "--eval-episodes", "1", "--eval-every", "1",
             "--embedder", "hash", "--lora-rank", "4", "--distil-workers", "1", "--distil-max-tokens", "8",
-            "--agent-arg", "max_tool_calls=0"]
+            "--dynamic-sampling", "0", "--agent-arg", "max_tool_calls=0"]
     assert main(args) == 0
     assert len(distilled) == 4  # 2 steps x 2 training episodes (held-out ones are never distilled)
     assert pending_at_eval == [0, 0, 0] and pending_at_checkpoint == [0, 0]

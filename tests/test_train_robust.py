@@ -47,7 +47,7 @@ def _run(tiny, out, **kw):
 
 
 def test_dynamic_sampling_restores_signal_when_the_scheduled_groups_all_fail(tiny, tmp_path):
-    plain = _run(tiny, tmp_path / "plain", steps=4)
+    plain = _run(tiny, tmp_path / "plain", steps=4, dynamic_sampling=0)  # the paper's algorithm
     dapo = _run(tiny, tmp_path / "dapo", steps=4, dynamic_sampling=8)
     # the same scheduled groups (same seeds) in both runs until the first update that differs
     assert plain[0]["train_success"] == dapo[0]["train_success"]
@@ -211,3 +211,28 @@ def test_explored_turns_are_corrected_by_policy_over_behaviour_and_the_first_rat
     # a turn without exploration (behaviour = policy) keeps its advantage
     scored.behaviour_logprob = scored.action_logprob
     assert turn_samples([ep], [1.0]).samples[0].behaviour_weight == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("stored", ["absent", 0])
+def test_a_run_recorded_before_dynamic_sampling_was_the_default_resumes_only_as_it_was_trained(tmp_path, stored):
+    import dataclasses
+
+    from crl_agent.train import prepare_run_folder
+
+    class OneRank:
+        rank, world, main = 0, 1, True
+
+        def barrier(self):
+            pass
+
+    old = dataclasses.asdict(TrainConfig(dynamic_sampling=0))
+    del old["diagnose_every"]  # a field that did not exist then either
+    if stored == "absent":  # a checkpoint written before the field existed ran with dynamic sampling off
+        del old["dynamic_sampling"]
+    torch.save({"config": old}, tmp_path / "checkpoint.pt")
+    assert TrainConfig().dynamic_sampling == 4  # the default now
+    with pytest.raises(SystemExit, match=r"dynamic_sampling\).*add --dynamic-sampling 0 to continue it as it was"):
+        prepare_run_folder(TrainConfig(), tmp_path, OneRank(), resume=True)
+    assert prepare_run_folder(TrainConfig(dynamic_sampling=0), tmp_path, OneRank(), resume=True) == tmp_path
+    with pytest.raises(SystemExit, match="dynamic_sampling"):  # nor with another value
+        prepare_run_folder(TrainConfig(dynamic_sampling=2), tmp_path, OneRank(), resume=True)
