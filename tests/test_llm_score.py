@@ -356,3 +356,14 @@ def test_prefix_cache_evicts_the_branch_a_conversation_left_before_other_convers
     c.put([7, 7, 7, 7], _kv(4), 0)  # over budget: A's abandoned branch goes, not B
     assert c.match([9, 9, 9, 9, 1])[0] == 4
     assert c.match([1, 2, 3, 4, 1])[0] == 3  # only the shared head, from A's live entry
+
+
+def test_cpu_dtype_picks_bf16_at_a_loaded_machines_speedup(monkeypatch):
+    """A native-bf16 CPU measured 2.2x on an idle machine and under 2x when busy: still bf16; emulated stays fp32."""
+    from crl_agent.llm import cpu_dtype
+
+    for speedup, want in ((1.7, "bfloat16"), (0.06, "float32"), (1.1, "float32")):
+        monkeypatch.setattr(cpu_dtype, "matmul_speedup", lambda s=speedup: s)
+        cpu_dtype.pick_cpu_dtype.cache_clear()
+        assert cpu_dtype.pick_cpu_dtype() == want
+    cpu_dtype.pick_cpu_dtype.cache_clear()

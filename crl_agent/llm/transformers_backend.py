@@ -23,8 +23,8 @@ reuse the first one's cached prompt). A candidate longer than half the context i
 the prompt gets the context minus the longest candidate and loses old turns as for ``chat``.
 
 dtype: on CPU, ``dtype=None`` times a bf16 and an fp32 matmul at load
-(:func:`~crl_agent.llm.cpu_dtype.pick_cpu_dtype`) and takes bf16 only where it is at least twice
-as fast (AMX/AVX512-BF16 CPUs); on GPU the default is bf16.
+(:func:`~crl_agent.llm.cpu_dtype.pick_cpu_dtype`) and takes bf16 only where it is clearly faster
+(at least 1.25x: AMX/AVX512-BF16 CPUs); on GPU the default is bf16.
 
 Log-probs are those of the *unmodified* model distribution (temperature 1, no top-p) at each
 sampled token, i.e. what a trainer's forward pass over the same tokens computes;
