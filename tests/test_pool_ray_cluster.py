@@ -41,6 +41,22 @@ def cluster(monkeypatch):
         c.shutdown()
 
 
+async def until_exited(pid: int, within: float = 300.0) -> None:
+    """Wait until an actor's process ``pid`` has exited. Neither ``ray.kill`` nor ``Cluster.remove_node`` waits for
+    that, and until then the pool's direct socket to the actor still answers: on a loaded machine a step sent
+    right after ``ray.kill`` was served 12 times in 15, so a test expecting it to fail failed."""
+    psutil = pytest.importorskip("psutil")
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped by its parent
+                return
+        except psutil.NoSuchProcess:
+            return
+        assert time.monotonic() < deadline, f"actor process {pid} still runs {within:g} s after it was killed"
+        await asyncio.sleep(0.05)
+
+
 def worker_node_of(cluster: Cluster, node_ids: list[str | None]) -> tuple[int, object]:
     """An actor on a worker node (never the head, which the driver needs) and that node."""
     by_id = {n.node_id: n for n in cluster.worker_nodes}
@@ -59,7 +75,9 @@ def test_actors_spread_over_the_nodes_and_a_lost_nodes_episodes_fail_while_the_r
                 first[slot] = (await pool.reset(slot, seed=slot))[0]
             w, victim = worker_node_of(cluster, nodes)
             lost = [slot for slot in range(6) if pool.slots[slot].host == w]  # slots w and w + 3
+            pid = await pool.actors[w].pid.remote()
             cluster.remove_node(victim)
+            await until_exited(pid)
             for slot in range(6):
                 if slot in lost:
                     with pytest.raises(EnvError) as err:
@@ -82,12 +100,7 @@ def test_actors_spread_over_the_nodes_and_a_lost_nodes_episodes_fail_while_the_r
             killed = pool.actors[pool.slots[slot].host]
             pid = await killed.pid.remote()
             ray.kill(killed, no_restart=True)
-            for _ in range(200):  # the kill is asynchronous, and the pool's socket to the actor answers until it exits
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                await asyncio.sleep(0.05)
+            await until_exited(pid)
             with pytest.raises(EnvError, match="crash"):
                 await pool.step(slot, "up")  # its actor was killed; the replacement is sent to the lost node
             with pytest.raises(EnvError, match="crash: actor died: The actor is not schedulable"):
@@ -98,18 +111,28 @@ def test_actors_spread_over_the_nodes_and_a_lost_nodes_episodes_fail_while_the_r
     asyncio.run(main())
 
 
-class SlowOracleAgent(OracleAgent):
-    """The oracle, thinking 50 ms a move, so a run lasts long enough to lose a node in the middle of it."""
+NODE_LOST = threading.Event()  # set once the test removed a node (and whenever no test holds episodes back)
+NODE_LOST.set()
+HELD: set[int] = set()  # the episodes waiting for it
 
-    name = "slow-oracle"
+
+class HoldingOracleAgent(OracleAgent):
+    """The oracle, except that episodes 2 and later wait before their first move until ``NODE_LOST`` is set, so
+    the node goes while every slot holds an episode in flight, however fast or slow the machine is (with a
+    fixed think time the run could finish before the node went)."""
+
+    name = "holding-oracle"
 
     def make_policy(self, ctx):
-        class Slow(OraclePolicy):
+        class Holding(OraclePolicy):
             async def act(self, obs, info):
-                await asyncio.sleep(0.05)
+                if ctx.episode_index >= 2 and not NODE_LOST.is_set():
+                    HELD.add(ctx.episode_index)
+                    while not NODE_LOST.is_set():
+                        await asyncio.sleep(0.05)
                 return await super().act(obs, info)
 
-        return Slow(ctx)
+        return Holding(ctx)
 
 
 def test_eval_run_on_ray_address_records_the_lost_nodes_episodes_as_errored_and_resume_replays_them(
@@ -131,21 +154,27 @@ def test_eval_run_on_ray_address_records_the_lost_nodes_episodes_as_errored_and_
 
     monkeypatch.setattr(pool_mod, "make_pool", make_pool)  # eval.run opens its pools through it
     out = tmp_path / "run"
-    argv = ["--agent", f"{__name__}:SlowOracleAgent", "--tasks", ENV_ID, "--episodes", "12", "--concurrency", "4",
+    argv = ["--agent", f"{__name__}:HoldingOracleAgent", "--tasks", ENV_ID, "--episodes", "12", "--concurrency", "4",
             "--num-workers", "3", "--env-backend", "ray", "--step-timeout", "30", "--quiet", "--out", str(out)]
     codes = []
     runner = threading.Thread(target=lambda: codes.append(eval_run.main(argv)))
-    runner.start()
     log = out / "episodes.jsonl"
-    deadline = time.monotonic() + 120
-    while not (log.exists() and len(log.read_text().splitlines()) >= 2):  # some episodes done, others in flight
-        assert runner.is_alive() and time.monotonic() < deadline, "the run did not get going"
-        time.sleep(0.05)
-    pool, loop = pools[0]
-    nodes = asyncio.run_coroutine_threadsafe(pool.actor_nodes(), loop).result(timeout=60)
-    _, victim = worker_node_of(cluster, nodes)
-    cluster.remove_node(victim)
-    runner.join(timeout=300)
+    HELD.clear()
+    NODE_LOST.clear()
+    try:
+        runner.start()
+        deadline = time.monotonic() + 900  # joining the cluster and starting 3 actors took ~40 s on a loaded machine
+        # episodes 0 and 1 done, and each of the 4 slots (so each of the 3 actors) holding one in flight
+        while not (log.exists() and len(log.read_text().splitlines()) >= 2 and len(HELD) >= 4):
+            assert runner.is_alive() and time.monotonic() < deadline, "the run did not get going"
+            time.sleep(0.05)
+        pool, loop = pools[0]
+        nodes = asyncio.run_coroutine_threadsafe(pool.actor_nodes(), loop).result(timeout=300)
+        _, victim = worker_node_of(cluster, nodes)
+        cluster.remove_node(victim)
+    finally:
+        NODE_LOST.set()  # the held episodes play on (those on the lost node fail); never leave the run hanging
+    runner.join(timeout=900)
     assert codes == [0]
     assert ray.get_runtime_context().gcs_address == cluster.address  # eval.run joined the cluster we pointed it at
 
