@@ -16,16 +16,19 @@ if TYPE_CHECKING:
 
 
 def rollout_stats(episodes: list[Episode]) -> dict[str, float]:
-    """What the step's rollouts say about the policy: the mean entropy of its action distribution over
-    every scored turn (nats, from the probabilities it sampled with), the share of actions that repeat
-    the previous one (a policy stuck in a loop) and of invalid actions, and the mean episode length."""
-    entropies, repeats, moves, invalid = [], 0, 0, 0
+    """What the step's rollouts say about the policy: the mean entropy of its distribution over every
+    scored decision (nats, from the probabilities it sampled with; tool choices included), the share of
+    decisions that chose a tool (the ``crl`` actor's ``<search>``), the share of actions that repeat the
+    previous one (a policy stuck in a loop) and of invalid actions, and the mean episode length."""
+    entropies, repeats, moves, invalid, decisions, tool_choices = [], 0, 0, 0, 0, 0
     for ep in episodes:
         previous = None
         for st in ep.steps:
-            probs = st.scored.probs if st.scored is not None else []
-            if probs:
-                entropies.append(-sum(p * math.log(p) for p in probs if p > 0))
+            for decision in st.decisions:
+                if decision.probs:
+                    entropies.append(-sum(p * math.log(p) for p in decision.probs if p > 0))
+            decisions += len(st.decisions)
+            tool_choices += len(st.tool_choices)
             repeats += st.action == previous
             invalid += not st.valid_action
             moves += 1
@@ -34,16 +37,20 @@ def rollout_stats(episodes: list[Episode]) -> dict[str, float]:
            "rollout/repeat_rate": repeats / max(1, moves), "rollout/invalid_rate": invalid / max(1, moves)}
     if entropies:
         out["rollout/policy_entropy"] = sum(entropies) / len(entropies)
+    if decisions:
+        out["rollout/tool_choice_rate"] = tool_choices / decisions
     return out
 
 
 def rollout_tokens(episodes: list[Episode]) -> int:
-    """Tokens the actor processed in these episodes: each turn's prompt plus its candidates or reply."""
+    """Tokens the actor processed in these episodes: each scored decision's prompt plus its candidates (a
+    turn that chose a tool first scores twice), or a generated turn's prompt plus its reply."""
     total = 0
     for ep in episodes:
         for step in ep.steps:
-            if step.scored is not None:
-                total += len(step.scored.prompt_token_ids) + sum(len(c) for c in step.scored.candidate_token_ids)
+            if step.decisions:
+                total += sum(len(d.prompt_token_ids) + sum(len(c) for c in d.candidate_token_ids)
+                             for d in step.decisions)
             else:  # a generated reply
                 turn = step.turn or {}
                 total += len(turn.get("prompt_token_ids") or ()) + len(turn.get("token_ids") or ())

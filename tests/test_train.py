@@ -498,3 +498,29 @@ def test_the_extractor_runs_on_its_own_model_and_grpo_refuses_one(tiny, tmp_path
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "g"), "--quiet", "--tasks", DOORS, "--mode", "grpo", "--extractor-model", other])
     assert e.value.code == 2 and "--extractor-model is for --mode crl or static" in capsys.readouterr().err
+
+
+def test_rollout_stats_and_tokens_count_tool_choices():
+    """A turn that chose to search scored twice: both decisions count toward entropy, tokens and the tool rate."""
+    import math
+
+    from crl_agent.episode import Episode, ScoredTurn, Step
+    from crl_agent.train_report import rollout_stats, rollout_tokens
+
+    def decision(probs, chosen):
+        return ScoredTurn(candidates=[f"c{i}" for i in range(len(probs))], logprobs=[math.log(max(p, 1e-9)) for p in probs],
+                          probs=probs, chosen=chosen, action_logprob=math.log(probs[chosen]),
+                          behaviour_logprob=math.log(probs[chosen]), temperature=1.0, score_norm="sum",
+                          policy_version=0, prompt_token_ids=[1, 2, 3], candidate_token_ids=[[4]] * len(probs))
+
+    def step(t, scored, tools=()):
+        return Step(t=t, observation="o", admissible_actions=["c0", "c1"], action="c0", reward=0.0, valid_action=True,
+                    terminated=False, truncated=False, success=False, progress=0.0, scored=scored,
+                    tool_choices=list(tools))
+
+    search = decision([0.5, 0.5], 1)  # entropy log 2
+    ep = Episode(env_id="e", seed=0, steps=[step(0, decision([1.0, 0.0], 0), [search]), step(1, decision([1.0, 0.0], 0))])
+    stats = rollout_stats([ep])
+    assert stats["rollout/tool_choice_rate"] == pytest.approx(1 / 3)
+    assert stats["rollout/policy_entropy"] == pytest.approx(math.log(2) / 3)
+    assert rollout_tokens([ep]) == 3 * (3 + 2)
