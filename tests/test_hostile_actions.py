@@ -99,7 +99,7 @@ def test_sokoban_answers_every_hostile_action_and_still_solves():
     _twin_agrees_and_oracle_finishes(env, twin)
     for action in ("up", "", None, "\ud800"):  # moves after the episode ended
         obs, reward, term, trunc, info = env.step(action)
-        assert not info["valid_action"] and reward == 0 and not term and "call reset()" in obs
+        assert not info["valid_action"] and reward == 0 and term and "call reset()" in obs  # still over
         assert info["admissible_actions"] is None and info["success"]
     assert env.reset(seed=4)[0] == twin.reset(seed=4)[0]
 
