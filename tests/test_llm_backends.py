@@ -128,12 +128,11 @@ def test_batched_rows_match_the_same_requests_run_alone(llm):
         assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)
 
 
-def _engine(llm, *, causal_prefill: bool, cache_bytes: int = 0, prefill_chunk: int = 512) -> ForwardEngine:
+def _engine(llm, *, causal_prefill: bool, cache_bytes: int = 0) -> ForwardEngine:
     """A forward engine on ``llm``'s model, with or without the plain causal prefill."""
     return ForwardEngine(
         llm.model, device="cpu", pad_id=llm.pad_id, eos_ids=frozenset(), cache=PrefixCache(cache_bytes),
         decode_ids=llm.tokenizer.decode, model_name="tiny", policy_version=lambda: 0, causal_prefill=causal_prefill,
-        prefill_chunk=prefill_chunk,
     )
 
 
@@ -176,34 +175,6 @@ def test_causal_prefill_is_taken_only_without_padding_cache_or_candidates(llm):
     engine.run([ScoreRequest(llm.render(CHAT[:1]), [[9, 10], [11]])])  # candidates need their mask
     assert masks == [False, True, True, True]
     assert (engine.prefills.causal, engine.prefills.masked) == (1, 3)
-
-
-def test_a_masked_prefill_in_chunks_gives_the_scores_and_tokens_of_one_forward(llm):
-    """Padded rows, cached prefixes and candidates, prefilled 7 new tokens a forward, equal one forward each."""
-    chunked = _engine(llm, causal_prefill=True, cache_bytes=2**26, prefill_chunk=7)
-    whole = _engine(llm, causal_prefill=True, cache_bytes=2**26, prefill_chunk=10**6)
-    first = llm.render(CHAT)
-    other = llm.render([{"role": "user", "content": "A much longer prompt, so the batch needs padding."}])
-    later = first + llm.render([{"role": "user", "content": "And the next turn, which the cache does not hold."}])
-    batches = [
-        [_gen(first), _gen(other, temperature=1.0, seed=2)],  # padded
-        [ScoreRequest(later, [[9, 10, 11], [12], [13, 14]]), ScoreRequest(other + [20, 21], [[5], [6, 7]])],  # cached
-        [_gen(later + [30, 31, 32], max_new=8)],  # cached prefix, alone
-    ]
-    for reqs in batches:
-        got = chunked.run(reqs)
-        want = whole.run([type(r)(**r.__dict__) for r in reqs])
-        for g, w in zip(got, want, strict=True):
-            if isinstance(w, Exception):
-                raise w
-            if hasattr(w, "token_logprobs"):
-                for a, b in zip(g.token_logprobs, w.token_logprobs, strict=True):
-                    assert a == pytest.approx(b, abs=1e-4)
-            else:
-                assert g.token_ids == w.token_ids and g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
-    assert chunked.prefills.masked == whole.prefills.masked == 3
-    assert whole.prefills.chunks == 3 and chunked.prefills.chunks > 3 * 3
-    assert chunked.cache.stats.hit_tokens == whole.cache.stats.hit_tokens > 0
 
 
 def test_the_backend_prefills_a_first_prompt_causally_and_a_prompt_sharing_its_start_with_the_mask(tiny_dir):

@@ -13,19 +13,19 @@ Layout of row ``b`` (one request) in that forward::
 
 A 4D attention mask lets the suffix attend causally to the prefix and to itself, and each
 candidate to the prefix, the suffix and its own earlier tokens only, never to another candidate;
-position ids restart at the prompt's length for every candidate. A forward of generation rows only,
-with no cached prefix and no padding (one row, or rows of equal length), needs none of that: it runs
-with no explicit mask, so SDPA applies its own causal mask (``is_causal``), which saved about a
-quarter of a 3,400-token prefill on 2 CPU cores (``benchmarks/causal_prefill.py``). A masked forward
-with more than ``prefill_chunk`` new tokens runs as several forwards of that many new tokens each,
-every one with its slice of the mask, queries ``s:e`` against keys up to ``e`` (nothing after ``e``
-is visible to them): the attention past each chunk's last token is never computed, which the
-full mask cannot skip (a prompt whose start is cached, e.g. every distillation after the first,
-shares the system prompt with the one before). So each candidate is computed as
+position ids restart at the prompt's length for every candidate. So each candidate is computed as
 if it were alone after the prompt, but the prompt is computed once and all candidates share one
 forward (as in DESIGN section 9: 8 MiniHack moves scored in one sequence). The output layer runs
 only at the positions whose next token is needed: the last prompt token and each candidate token
 but the last, in chunks, so 1,000 candidates never build a 1,000 x vocabulary logits tensor at once.
+
+A forward of generation rows only, with nothing cached and no padding (one row, or rows of equal
+length), needs none of that: it runs with no explicit mask, so SDPA applies its own causal mask
+(``is_causal``), about a quarter faster for a 2,100-token prompt on 2 CPU cores
+(``benchmarks/causal_prefill.py``). Only a prompt that shares no leading token with a cached one
+qualifies: every chat starts with its template's header, so after a backend's first request most
+prompts take the masked path from their cached start (a distillation after the first, whose system
+prompt is cached, cost about what the causal path would).
 
 After the forward, each request's prompt keys/values go back into the cache; generation rows then
 decode together with a 2D padding mask, leaving the batch as they finish.
@@ -86,7 +86,6 @@ class PrefillStats:
 
     causal: int = 0
     masked: int = 0
-    chunks: int = 0  # forwards the masked ones were split into (one each when short)
 
 
 @dataclass
@@ -120,7 +119,6 @@ class ForwardEngine:
             in further forwards (generation requests always share the first).
         causal_prefill: run forwards that need no explicit mask (see the module docstring) with the
             model's own causal mask; False builds the 4D mask for every forward (for comparisons).
-        prefill_chunk: new tokens per forward of a masked prefill (see the module docstring).
     """
 
     def __init__(
@@ -137,7 +135,6 @@ class ForwardEngine:
         max_forward_tokens: int = 8192,
         interleave_steps: int = 4,
         causal_prefill: bool = True,
-        prefill_chunk: int = 512,
     ):
         import torch
         import transformers
@@ -149,9 +146,6 @@ class ForwardEngine:
         self.max_forward_tokens = max_forward_tokens
         self.interleave_steps = int(interleave_steps)
         self.causal_prefill = bool(causal_prefill)
-        if int(prefill_chunk) < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk!r}")
-        self.prefill_chunk = int(prefill_chunk)
         self.prefills = PrefillStats()
         self.on_decode_step: Callable[[int], None] | None = None  # observer, called after each decoding step
         self.base = model.base_model
@@ -248,17 +242,8 @@ class ForwardEngine:
         else:
             self.prefills.masked += 1
             mask = self._mask(seg, cached, past).to(dev)
-            # chunks need every layer to keep all keys (a sliding-window layer drops old ones between chunks)
-            step = self.prefill_chunk if self.cacheable else width
-            parts = []
-            for s in range(0, width, step):
-                e = min(width, s + step)
-                self.prefills.chunks += 1
-                parts.append(self.base(
-                    input_ids=input_ids[:, s:e], attention_mask=mask[:, :, s:e, : past + e].contiguous(),
-                    position_ids=positions[:, s:e], cache=kv_cache, use_cache=True,
-                ).last_hidden_state)
-            hidden = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            hidden = self.base(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=kv_cache,
+                               use_cache=True).last_hidden_state
         self._store_prompts(rows, kv_cache, past, cache_version)
 
         results: list[Any] = [None] * n_rows
