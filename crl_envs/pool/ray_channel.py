@@ -69,7 +69,7 @@ class ChannelServer:
 
     def __init__(self, serve: Callable[[list[bytes]], list[Any]], secret: bytes, host: str):
         self._serve, self._secret = serve, secret
-        self._sock = socket.create_server((host, 0))
+        self._sock = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.address: tuple[str, int] = (host, self._sock.getsockname()[1])
         self._claimed = threading.Lock()
         threading.Thread(target=self._accept, name="pool-channel-accept", daemon=True).start()
@@ -165,11 +165,13 @@ class Channel:
                 done = self._pending.pop(batch_id, None)
                 if done is not None and not done.done():
                     done.set_result(answers)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
-            self._fail_all(f"the connection to the actor closed ({type(e).__name__})")
         except asyncio.CancelledError:
             self._fail_all("the channel was closed")
             raise
+        except Exception as e:  # noqa: BLE001 - closed, reset, or a frame that cannot be read: the actor is gone
+            self._fail_all(f"the connection to the actor closed ({type(e).__name__})")
+            with contextlib.suppress(Exception):
+                self._writer.close()
 
     def _fail_all(self, why: str) -> None:
         self._lost = why

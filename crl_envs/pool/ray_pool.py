@@ -272,11 +272,16 @@ class RayEnvPool(SlotFront):
             channel = await Channel.open(tuple(address), self._secret, timeout=min(30.0, self.reset_timeout))
         except Exception as e:  # noqa: BLE001 - a firewall, or the actor died: Ray calls serve it (and find out)
             channel, self.channel_errors[w] = None, f"{type(e).__name__}: {e}"
-        if channel is not None:
-            if self.actors[w] is actor and not self._closed:
-                self._channels[w], self.channel_errors[w] = channel, None
-            else:  # replaced or closed while the channel opened
+        if self.actors[w] is not actor and not self._closed:  # replaced while it opened: open the new actor's
+            if channel is not None:
                 channel.close()
+            await self._open_channel(w)
+            return
+        if channel is not None:
+            if self._closed:
+                channel.close()
+            else:
+                self._channels[w], self.channel_errors[w] = channel, None
         self._send_held(w)
 
     def _send_held(self, w: int) -> None:
