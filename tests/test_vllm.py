@@ -266,6 +266,10 @@ def test_the_trainer_rolls_out_on_vllm_and_serves_each_update_with_its_version(t
     assert rows[-1]["actor/version"] >= 1, rows
     # the samples of step 2 were served by the weights of step 1's update (no stale copy)
     assert rows[1]["actor/stale"] == 0
+    # the engine/learner mismatch reaches metrics.jsonl; float32 on both sides: the ratio is 1 within TOL
+    trained = [r for r in rows if r["actor/samples_used"] > 0]
+    assert trained and all(abs(r["actor/is_ratio_mean"] - 1) < 2 * TOL and r["actor/is_truncated"] == 0
+                           for r in trained), trained
     assert main([*args, "--steps", "3", "--resume"]) == 0  # the restored adapter is served again
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["actor/stale"] == 0
