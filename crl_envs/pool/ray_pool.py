@@ -163,6 +163,7 @@ class RayEnvPool(SlotFront):
         # batches held while an actor's channel opens (None: not opening), sent in order once it is open or not
         self._waiting: list[list[list[_Call]] | None] = [None] * self.num_workers
         self.channel_errors: list[str | None] = [None] * self.num_workers  # why an actor is served by Ray calls
+        self._opening: set[asyncio.Future] = set()  # channels being opened for re-created actors
         self._restarts = 0
         self._closed = False
         self._started = False
@@ -262,7 +263,9 @@ class RayEnvPool(SlotFront):
             self._spawn(w)
             if self.direct and self._waiting[w] is None:
                 self._waiting[w] = []
-                asyncio.ensure_future(self._open_channel(w))
+                task = asyncio.ensure_future(self._open_channel(w))
+                self._opening.add(task)  # the loop keeps only a weak reference to a task
+                task.add_done_callback(self._opening.discard)
 
     async def _open_channel(self, w: int) -> None:
         """Open actor ``w``'s direct socket (or leave it to Ray calls, saying why), then send the batches held."""
