@@ -28,7 +28,8 @@ BACKENDS = ("transformers", "vllm")  # where the actor's rollouts run (--backend
 # defaults that changed after runs were recorded with the old one: a checkpoint whose config lacks the field ran
 # with the old default (so --resume compares against that), and one that resumes without the flag is refused with
 # the flag that continues it as it was (never silently switched to what it did not learn with)
-CHANGED_DEFAULTS = {"dynamic_sampling": 0}  # issue 37: dynamic sampling on by default (the paper's algorithm: 0)
+# issue 37: dynamic sampling on by default (the paper's algorithm: 0); truncated importance sampling added (0: none)
+CHANGED_DEFAULTS = {"dynamic_sampling": 0, "tis_cap": 0.0}
 TRAINER_AGENT_ARGS = frozenset({"llm", "model", "backend", "extractor", "extractor_model", "temperature", "score_norm",
                                 "action_mode", "seed", "history", "run_dir", "embedder", "explore", "learning"})
 
@@ -73,6 +74,7 @@ class TrainConfig:
     dynamic_sampling: int = 4
     kl_coef: float = 0.0  # + kl_coef * KL(policy || the untrained policy) per scored turn (exact, over its candidates)
     entropy_coef: float = 0.0  # - entropy_coef * the entropy of each scored turn's action distribution
+    tis_cap: float = 2.0  # truncated importance sampling against engine/learner mismatch: min(ratio, C); 0: off
     # the divergence diagnostics (actor/kl_ref, tv_ref, entropy_now/_ref): two more forward passes over every scored
     # turn, every N steps (0: never); see HELP for the default
     diagnose_every: int = 4
@@ -146,8 +148,8 @@ class TrainConfig:
             raise ValueError(f"--temperature must be > 0, got {self.temperature}: PPO needs the log-prob of each "
                              "sampled action, which a greedy (0) policy does not have; use e.g. 0.1 for a nearly "
                              "greedy one")
-        if self.dynamic_sampling < 0 or not (self.kl_coef >= 0 and self.entropy_coef >= 0):
-            raise ValueError("--dynamic-sampling, --kl-coef and --entropy-coef must be >= 0")
+        if self.dynamic_sampling < 0 or not (self.kl_coef >= 0 and self.entropy_coef >= 0 and self.tis_cap >= 0):
+            raise ValueError("--dynamic-sampling, --kl-coef, --entropy-coef and --tis-cap must be >= 0")
         if self.kl_coef > 0 and self.lora_rank < 1:
             raise ValueError("--kl-coef needs --lora-rank >= 1: the reference policy is the model without its adapter")
         if self.turns_per_episode < 0:
@@ -227,6 +229,10 @@ HELP = {
                         "halves with mixed outcomes only; 0: off, the paper's algorithm. On by default because small "
                         "CPU batches lose their signal: train_cpu.py seed 7 went 26.6%% -> 73.4%% held-out in 32 steps "
                         "with 4, and collapsed 25.0%% -> 17.2%% without (default: 4)",
+    "tis_cap": "truncated importance sampling: each policy-gradient token is weighted by min(pi_learner / "
+               "pi_engine, C), the learner's own probability under the weights that sampled over the one the "
+               "rollout engine (vLLM, a bf16 or batched forward) recorded; 0: off, the ratio is then against the "
+               "engine's log-probs (default: 2, as TRL's vLLM importance-sampling cap)",
     "diagnose_every": "run the divergence diagnostics (actor/kl_ref, actor/tv_ref, entropies against the untrained "
                       "policy) every N steps, on the steps that are multiples of N; 0: never. They are two extra "
                       "forward passes over every scored turn, ~18%% of a CPU step (36 s of 196 s measured), so every "

@@ -180,7 +180,7 @@ def test_crl_under_torchrun_distils_every_ranks_episodes_on_rank_0(tiny, tmp_pat
     args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
             "--groups", "2", "--group-size", "4", "--eval-episodes", "4", "--eval-every", "1", "--embedder", "hash",
             "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4", "--distil-max-tokens", "16",
-            "--threads", "1", "--steps", "2"]
+            "--threads", "1", "--steps", "2", "--dynamic-sampling", "0"]  # 2 groups of 4 a step, exactly
     refused = torchrun(args)
     assert refused.returncode != 0 and "max_tool_calls=0" in refused.stdout + refused.stderr
     done = torchrun([*args, "--agent-arg", "max_tool_calls=0"])

@@ -236,3 +236,24 @@ def test_a_run_recorded_before_dynamic_sampling_was_the_default_resumes_only_as_
     assert prepare_run_folder(TrainConfig(dynamic_sampling=0), tmp_path, OneRank(), resume=True) == tmp_path
     with pytest.raises(SystemExit, match="dynamic_sampling"):  # nor with another value
         prepare_run_folder(TrainConfig(dynamic_sampling=2), tmp_path, OneRank(), resume=True)
+
+
+def test_a_run_from_before_truncated_importance_sampling_resumes_without_it(tmp_path):
+    """A checkpoint whose config has no tis_cap ran with no correction: resuming it with the new default (2) is
+    refused, naming --tis-cap 0; with it, the run goes on as it was."""
+    import torch
+
+    from crl_agent.train import prepare_run_folder
+
+    class OneRank:
+        rank, world, main = 0, 1, True
+
+        def barrier(self):
+            pass
+
+    old = dataclasses.asdict(TrainConfig())
+    del old["tis_cap"]
+    torch.save({"config": old}, tmp_path / "checkpoint.pt")
+    with pytest.raises(SystemExit, match=r"tis_cap\).*add --tis-cap 0.0 to continue it as it was"):
+        prepare_run_folder(TrainConfig(), tmp_path, OneRank(), resume=True)
+    assert prepare_run_folder(TrainConfig(tis_cap=0.0), tmp_path, OneRank(), resume=True) == tmp_path

@@ -249,7 +249,8 @@ def test_a_script_that_never_closes_the_engine_exits_cleanly_and_leaves_no_proce
 def _train_args(tiny, out, mode="grpo"):
     args = ["--out", str(out), "--quiet", "--tasks", DOORS, "--mode", mode, "--model", tiny, "--backend", "vllm",
             "--dtype", "float32", "--groups", "2", "--group-size", "4", "--lora-rank", "4", "--lr", "0.05",
-            "--score-norm", "mean", "--eval-every", "0", "--eval-episodes", "4", "--concurrency", "8"]
+            "--score-norm", "mean", "--eval-every", "0", "--eval-episodes", "4", "--concurrency", "8",
+            "--dynamic-sampling", "0"]  # exact episode counts and an update every step
     if mode != "grpo":
         args += ["--embedder", "hash", "--extractor-warmup", "0", "--extractor-batch", "1", "--distil-max-tokens", "16",
                  "--agent-arg", "max_tool_calls=0"]
