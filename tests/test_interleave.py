@@ -1,8 +1,10 @@
 """Scores never wait for a long generation: they run between its decoding steps (continuous batching).
 
 Deterministic by decoding-step counts, not wall time: a hook the engine calls after each decoding step
-submits a score at step 3 and, at step 20 of a 120-step generation, waits for that score to have
-returned; only interleaving lets it return there.
+submits a score at step 3 and, at a later step (20 of a 120-step generation, or the step the bound
+names), holds the decoding thread until that score has returned; only interleaving lets it return
+there. Holding the decoder there is what makes the step count independent of load: the event loop
+that runs the score's callback may lag the decoding thread by several steps on a busy machine.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ def _backend(tiny, interleave_steps: int) -> TransformersLLM:
     return llm
 
 
-def _score_during_generation(llm: TransformersLLM, wait_s: float, n_scores: int = 1, submit_at: int = 3):
-    """Generate GEN_TOKENS greedily; at decoding step ``submit_at`` submit ``n_scores`` scores, at step 20 wait
-    up to ``wait_s`` for them. Returns (completion, scores, returned-by-step-20, step counts seen when each
-    score returned, whether the generation had finished when the first score returned)."""
+def _score_during_generation(llm: TransformersLLM, wait_s: float, n_scores: int = 1, submit_at: int = 3,
+                             wait_at: int = 20):
+    """Generate GEN_TOKENS greedily; at decoding step ``submit_at`` submit ``n_scores`` scores, at step ``wait_at``
+    wait up to ``wait_s`` for them. Returns (completion, scores, returned-by-step-``wait_at``, step counts seen
+    when each score returned, whether the generation had finished when the first score returned)."""
     steps: list[int] = []
     scores_done = threading.Event()
     waited: list[bool] = []
@@ -64,7 +67,7 @@ def _score_during_generation(llm: TransformersLLM, wait_s: float, n_scores: int 
                 deadline = time.monotonic() + (10 if llm.interleave_steps else 0.2)
                 while llm.batch_stats.offered < offered + n_scores and time.monotonic() < deadline:
                     time.sleep(0.001)  # until the batcher has put them within this batch's reach
-            if step == 20:
+            if step == wait_at:
                 waited.append(scores_done.wait(wait_s))
 
         llm._engine.on_decode_step = hook
@@ -81,8 +84,9 @@ def _score_during_generation(llm: TransformersLLM, wait_s: float, n_scores: int 
 def test_a_score_submitted_while_a_generation_decodes_returns_before_it_finishes(tiny, one_thread):
     llm = _backend(tiny, interleave_steps=2)
     try:
-        completion, (scores,), waited, seen_at, gen_done_first = _score_during_generation(llm, wait_s=30)
-        assert waited == [True]  # back by decoding step 20 of 120
+        completion, (scores,), waited, seen_at, gen_done_first = _score_during_generation(llm, wait_s=30,
+                                                                                          wait_at=3 + 2 + 1)
+        assert waited == [True]  # back by decoding step 6 of 120 (taken in at step 4)
         assert seen_at[0] <= 3 + 2 + 1 and gen_done_first == [False]
         assert llm.batch_stats.interleaved == 1
         assert len(completion.token_ids) == GEN_TOKENS
@@ -98,7 +102,7 @@ def test_a_score_submitted_while_a_generation_decodes_returns_before_it_finishes
 def test_several_interleaved_scores_run_together_and_match_their_unbatched_values(tiny, one_thread):
     llm = _backend(tiny, interleave_steps=4)
     try:
-        completion, scores, waited, seen_at, _ = _score_during_generation(llm, wait_s=30, n_scores=3)
+        completion, scores, waited, seen_at, _ = _score_during_generation(llm, wait_s=30, n_scores=3, wait_at=19)
         assert waited == [True] and max(seen_at) < 20
         assert llm.batch_stats.interleaved == 3
 
