@@ -158,3 +158,18 @@ def test_the_oracle_predicts_the_state_each_of_its_moves_leads_to():
             assert predicted == (state["player"], frozenset(state["boxes"]))
             if term:
                 break
+
+
+def test_a_seed_whose_first_200_rooms_fail_still_gets_a_level():
+    """crl/Sokoban-6x6-1-v0 seed 44 raised GenerationError after 200 rooms; the env never raises on reset."""
+    from gymnasium.utils import seeding
+
+    from crl_envs.sokoban.generator import GenerationError
+
+    level_seed = int(seeding.np_random(44)[0].integers(2**63 - 1))  # as the env draws it
+    with pytest.raises(GenerationError):
+        generate_level(6, 1, np.random.default_rng(level_seed), max_tries=200)
+    env = gym.make("crl/Sokoban-6x6-1-v0")
+    obs, info = env.reset(seed=44)
+    assert "#" in obs and info["admissible_actions"]
+    env.close()

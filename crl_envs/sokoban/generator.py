@@ -108,9 +108,12 @@ def _dist(a: int, b: int, size: int) -> int:
 
 
 def generate_level(
-    size: int, num_boxes: int, rng: np.random.Generator, max_tries: int = 200, min_moves: int | None = None
+    size: int, num_boxes: int, rng: np.random.Generator, max_tries: int = 5000, min_moves: int | None = None
 ) -> Level:
     """A verified-solvable ``size`` x ``size`` level with ``num_boxes`` boxes.
+
+    Rooms are tried one after another from ``rng`` until one qualifies, so a larger ``max_tries`` changes only
+    the seeds a smaller one failed on (at 200, one 6x6 one-box seed in 1,500 failed: ``reset(seed=44)``).
 
     Levels whose shortest push solution takes fewer than ``min_moves`` moves (default
     ``2 * (size - 2)``) are rejected: reverse play often leaves boxes next to their targets.
