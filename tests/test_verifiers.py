@@ -63,7 +63,7 @@ def test_evaluate_replays_our_env_step_for_step(server):
         replies, answers = texts(row["completion"], "assistant"), texts(row["completion"], "user")
         assert len(replies) == len(answers) == 3  # truncated by the env's own bound: the last reply is played
         total = 0.0
-        for reply, answer in zip(replies, answers):
+        for reply, answer in zip(replies, answers, strict=True):
             obs, reward, *_ = ref.step(tagged_action(reply))
             assert answer == obs
             total += reward
