@@ -6,7 +6,7 @@ EXTRAS ?= all,test
 # bubblewrap: the default sandbox of the SWE-bench envs (installed only where apt-get is available).
 APT_PACKAGES ?= bubblewrap git chromium docker.io debootstrap
 
-.PHONY: setup run test test-all test-vllm test-trl vllm-cpu lint bench hostcheck
+.PHONY: setup run test test-all test-vllm test-trl test-verifiers vllm-cpu lint bench hostcheck
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -52,6 +52,19 @@ test-vllm: vllm-cpu
 test-trl: setup
 	$(VENV)/bin/python -m pip install -q -c constraints.txt -e ".[trl]"
 	$(VENV)/bin/python -m pytest -m trl
+
+# verifiers' evaluation loop plays our envs against a tiny model on crl_agent.serve (tests/test_verifiers.py, marked
+# verifiers). verifiers 0.2-0.4 pin mcp<2.3 (0.4.0: ==2.0.0) and the openenv extra needs mcp>=2.3, so it gets a venv of its own
+# without openenv (the envs it plays are made in-process). Sokoban (numpy only) is what the tests play.
+VERIFIERS_VENV ?= .venv-verifiers
+$(VERIFIERS_VENV)/.installed: pyproject.toml constraints.txt
+	$(PY) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install -q -U pip
+	$(VERIFIERS_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[agent,webshop,test,verifiers]"
+	touch $@
+
+test-verifiers: $(VERIFIERS_VENV)/.installed
+	$(VERIFIERS_VENV)/bin/python -m pytest -m verifiers
 
 test-all: setup
 	$(VENV)/bin/python -m pytest -n 2
