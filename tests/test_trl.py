@@ -277,7 +277,7 @@ def test_grpo_trainer_trains_on_served_sokoban_and_minihack(served, tiny_model, 
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=16, num_generations=4,
-                      max_completion_length=768, max_tool_calling_iterations=4, learning_rate=1e-3,
+                      max_completion_length=2048, max_tool_calling_iterations=8, learning_rate=1e-3,
                       logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
                       shuffle_dataset=False, seed=0, temperature=0.7)
     trainer = GRPOTrainer(model=model, processing_class=AutoTokenizer.from_pretrained(tiny_model), args=args,
