@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--output-dir", default="runs/trl_grpo", help="where TRL writes checkpoints and logs")
     args = parser.parse_args()
 
+    import torch
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -83,10 +84,12 @@ def main() -> None:
     try:
         prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Play the game below."}]
         dataset = Dataset.from_dict({"prompt": [prompt] * args.seeds, "seed": list(range(args.seeds))})
+        gpu = torch.cuda.is_available()  # TRL's default bf16 refuses to start on a CPU
         config = GRPOConfig(output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch,
                             num_generations=args.generations, max_completion_length=args.max_completion_length,
                             max_tool_calling_iterations=args.max_tool_calls, learning_rate=args.lr, logging_steps=1,
-                            report_to="none", save_strategy="no")
+                            report_to="none", save_strategy="no", use_cpu=not gpu,
+                            bf16=gpu and torch.cuda.is_bf16_supported())
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=dataset,
                               environment_factory=environment_factory("crl/Remote-v0", url=url))
         trainer.train()
