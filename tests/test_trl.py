@@ -231,6 +231,23 @@ def test_a_solved_episode_scores_its_return_and_then_refuses_act(where):
             assert text_env.get_reward() == 0.0 and not text_env.done
 
 
+def test_reset_opens_a_new_session_where_the_server_ended_the_idle_one():
+    """TRL keeps its env instances across steps; a step on a real model can outlast the server's
+    ``--session-timeout`` (the example's first step took 9.7 min), and the next ``reset`` must still work."""
+    needs("openenv")
+    from tests.test_openenv import serving
+
+    with serving(MINIHACK, session_timeout=0.5) as url:
+        text_env = TextEnvironment("crl/Remote-v0", url=url)
+        try:
+            first = text_env.reset(seed=3)
+            time.sleep(2.0)  # the server ends the idle session
+            assert text_env.reset(seed=3) == first
+            assert "Map:" in text_env.act("north") and text_env.steps == 1
+        finally:
+            text_env.env.close()
+
+
 @pytest.mark.trl
 @pytest.mark.slow  # minutes on 2 cores: `make test-trl`
 def test_grpo_trainer_trains_on_served_sokoban_and_minihack(served, tiny_model, tmp_path):

@@ -26,6 +26,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from crl_envs.remote import RemoteEnvError
+
 # The tool's error after the episode ends (TRL shows a tool's exception to the model).
 EPISODE_OVER = "The episode is over: stop calling act."
 
@@ -40,7 +42,8 @@ class TextEnvironment:
 
     The env is made at the first ``reset`` (TRL builds one probe instance at start-up, and keeps
     and reuses instances across batches). After the episode ends, ``act`` raises, which TRL shows
-    the model as the tool's error.
+    the model as the tool's error. ``reset`` opens a new server session where the server ended the
+    last one (idle past its ``--session-timeout`` while TRL trained).
     """
 
     def __init__(self, env_id: str = "crl/Remote-v0", **make_kwargs: Any):
@@ -57,8 +60,14 @@ class TextEnvironment:
         goes to the env. Returns the first observation, appended to the prompt by TRL."""
         if self.env is None:
             self.env = gym.make(self.env_id, **self.make_kwargs)
-        seed = row.get("seed")
-        obs, self.info = self.env.reset(seed=None if seed is None else int(seed), options=row.get("options"))
+        seed = None if row.get("seed") is None else int(row["seed"])
+        try:
+            obs, self.info = self.env.reset(seed=seed, options=row.get("options"))
+        except RemoteEnvError:
+            # TRL keeps instances across steps, and a step can outlast the server's --session-timeout:
+            # the failed reset dropped the ended session, so one more opens a new one (a persistent
+            # error, such as a server that is gone, raises again here).
+            obs, self.info = self.env.reset(seed=seed, options=row.get("options"))
         self.episode_return, self.done, self.steps = 0.0, False, 0
         return f"\n\n{obs}"
 
