@@ -58,7 +58,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=64, help="dataset rows: seeds 0..N-1")
     parser.add_argument("--generations", type=int, default=4, help="rollouts per prompt (the GRPO group)")
     parser.add_argument("--batch", type=int, default=8, help="rollouts per step (a multiple of --generations)")
-    parser.add_argument("--max-completion-length", type=int, default=1024, help="tokens per rollout, tool results included")
+    parser.add_argument("--max-completion-length", type=int, default=2048,
+                        help="tokens per rollout, tool results included (~250 a MiniHack tool call: 8 calls fit)")
     parser.add_argument("--max-tool-calls", type=int, default=8, help="env steps per rollout")
     parser.add_argument("--lr", type=float, default=1e-5, help="learning rate")
     parser.add_argument("--output-dir", default="runs/trl_grpo", help="where TRL writes checkpoints and logs")
