@@ -16,28 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from host import cpu_model  # benchmarks/host.py: this script's folder is on sys.path
+
 from crl_agent.experience.calllog import read_records
 from eval.results import EpisodeLog
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``platform.processor()`` is empty on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run_eval(out: Path, experience: str, args: argparse.Namespace) -> dict:
@@ -99,7 +89,7 @@ def main() -> None:
     path = RESULTS / "crl_overhead.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     data.update({"schema_version": "1.0", "target_ratio": 1.5})
-    data.setdefault("runs", {})[tag] = {"machine": cpu_name(),
+    data.setdefault("runs", {})[tag] = {"machine": cpu_model(),
                                         "cpus": os.cpu_count(), **row}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
