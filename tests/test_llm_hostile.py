@@ -26,6 +26,7 @@ from crl_agent.llm.openai_backend import OpenAILLM  # noqa: E402
 from crl_agent.llm.tiny import build_tiny_chat_model  # noqa: E402
 from crl_agent.llm.transformers_backend import TransformersLLM  # noqa: E402
 from crl_agent.serve import ChatServer  # noqa: E402
+from tests.net_support import free_port  # noqa: E402
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
 SECRET = "sk-secret-hostile-0123456789abcdef"
@@ -214,9 +215,7 @@ def test_trickling_server_is_cut_at_the_total_timeout(hostile):
 
 
 def test_connection_refused_names_the_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # closed again: nothing listens there
     url = f"http://127.0.0.1:{port}/v1"
     with pytest.raises(LLMError, match=rf"POST {url}/chat/completions failed after 3 attempts: ConnectError"):
         run(client(url).chat(CHAT))

@@ -32,6 +32,7 @@ from crl_envs.registry import backend_installed  # noqa: E402
 from crl_envs.remote import MAX_FRAME_BYTES, RemoteEnv, RemoteEnvError, jsonable  # noqa: E402
 from crl_envs.serve import ServeConfig, create_app  # noqa: E402
 from crl_envs.testing import check_text_env  # noqa: E402
+from tests.net_support import free_port  # noqa: E402
 from tests.toy_envs import GuessEnv  # noqa: E402
 
 pytestmark = pytest.mark.openenv
@@ -416,23 +417,12 @@ def test_remote_env_needs_a_url_and_names_an_unreachable_server(monkeypatch):
     monkeypatch.delenv("CRL_REMOTE_URL", raising=False)
     with pytest.raises(ValueError, match="CRL_REMOTE_URL"):
         gym.make("crl/Remote-v0")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there
+    port = free_port()  # nothing listens there
     with pytest.raises(RemoteEnvError, match="cannot reach the env server"):
         RemoteEnv(f"http://127.0.0.1:{port}", connect_timeout=2)
 
 
 # ---------------------------------------------------------------- the CLI
-def free_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
 def test_cli_serves_an_env_that_remote_env_plays_once_it_says_so():
     port = free_port()
     url = f"http://127.0.0.1:{port}"

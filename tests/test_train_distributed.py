@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,15 +15,10 @@ pytest.importorskip("peft")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("this torch build has no torch.distributed with gloo", allow_module_level=True)
 
+from tests.net_support import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOORS = "test/Doors-v0"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------ the gradient average, two processes

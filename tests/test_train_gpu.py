@@ -59,16 +59,15 @@ def test_vllm_serves_each_trained_adapter_and_stamps_its_version(tiny, tmp_path)
 
 def test_two_gpus_under_torchrun_each_run_a_vllm_replica_and_average_gradients(tiny, tmp_path):
     import os
-    import socket
     import subprocess
     import sys
     from pathlib import Path
 
+    from tests.net_support import free_port
+
     if torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "tests.dist_train",

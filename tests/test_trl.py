@@ -18,7 +18,6 @@ import contextlib
 import importlib.util
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,19 +29,12 @@ import pytest
 
 from crl_envs.integrations.trl import EPISODE_OVER, TextEnvironment
 from crl_envs.registry import backend_installed
+from tests.net_support import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOKOBAN = "crl/Sokoban-6x6-1-v0"
 MINIHACK = "crl/MiniHack-Room-Random-5x5-Short-v0"
 SYSTEM = "You play a text game. Call the act tool with one of the actions the game lists."
-
-
-def free_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 def needs(*modules: str) -> None:
