@@ -12,7 +12,9 @@ result, ``benchmarks/results/train_cpu/<tag>/<mode>-seed<S>.json`` (the run's ev
 diagnostics, settings, and its host: CPU model, matmul GFLOP/s, engine dtype, from ``host.py --json
 --quick``; its measured step seconds are in the run) and ``.png``, which is committed. ``--report`` merges
 whatever per-seed files the tag holds into ``<tag>/table.md`` (one row per run, its host beside it, and the
-verdict per mode: every seed's held-out gain at least +10 points and their median at least +20) and
+verdict per mode: every seed's held-out gain at least +10 points and their median at least +20, over
+``ACCEPTANCE_SEEDS`` seeds; with fewer files it says what is already settled and what the missing seeds
+would need) and
 ``<tag>/plot.png`` (the curves by training step, and per step the action entropy, the share of groups with
 signal and the KL to the untrained policy). A torn per-seed file, one whose settings differ from the tag's,
 or a run asked for with ``--modes``/``--seeds`` and not there is named with what to do, and left out.
@@ -44,6 +46,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "train_cpu"
 SCHEMA_VERSION = "2.0"  # 1.0: one file per tag (benchmarks/results/train_cpu*.json); 2.0: one file per run
 DEFAULT_TAG = "default"
 DEFAULT_STEPS = 32
+ACCEPTANCE_SEEDS = 5  # the verdict's bar is over this many training seeds a mode
 
 # DESIGN section 9's prototype (which learned a fixed room in ~15 minutes), on a room whose layout varies
 # by seed: on-policy (the untrained policy already wins ~20% here, so groups hold wins and losses),
@@ -200,19 +203,27 @@ def write_seed_result(tag_dir: Path, tag: str, row: dict, settings: dict, budget
     return path
 
 
+def shown(path: Path) -> str:
+    """A path as the table names it: relative to the repository when inside it (the table is committed)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def read_seed_result(path: Path) -> dict:
     """A per-seed file, checked; ``ValueError`` saying what is wrong with it (torn, or not a per-seed result)."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot be read as JSON ({type(e).__name__}: {e}); a torn write? rerun that "
+        raise ValueError(f"{shown(path)}: cannot be read as JSON ({type(e).__name__}: {e}); a torn write? rerun that "
                          "seed or delete the file") from None
     missing = [k for k in ("mode", "seed", "settings", "budget", "host", "run") if not isinstance(doc, dict) or k not in doc]
     if missing:
-        raise ValueError(f"{path}: not a per-seed result of benchmarks/train_cpu.py (no {', '.join(missing)}); "
+        raise ValueError(f"{shown(path)}: not a per-seed result of benchmarks/train_cpu.py (no {', '.join(missing)}); "
                          "rerun that seed or delete the file")
     if path.name != f"{doc['mode']}-seed{doc['seed']}.json" or not isinstance(doc["run"].get("evals"), list):
-        raise ValueError(f"{path}: holds {doc['mode']} seed {doc['seed']} (or has no evaluations), not what its "
+        raise ValueError(f"{shown(path)}: holds {doc['mode']} seed {doc['seed']} (or has no evaluations), not what its "
                          "name says; rerun that seed or delete the file")
     return doc
 
@@ -253,31 +264,60 @@ def merge(tag_dir: Path, expected: list[tuple[str, int]] | None = None) -> tuple
             diff = sorted(k for k in {**ref["settings"], **doc["settings"], "budget": 0}
                           if (ref["budget"] if k == "budget" else ref["settings"].get(k))
                           != (doc["budget"] if k == "budget" else doc["settings"].get(k)))
-            problems.append(f"{seed_path(tag_dir, doc['mode'], doc['seed'])}: made with other settings than the "
+            problems.append(f"{shown(seed_path(tag_dir, doc['mode'], doc['seed']))}: made with other settings than the "
                             f"tag's other runs ({', '.join(diff)} differ); left out: rerun it or give it its own --tag")
         docs = kept
     budget = docs[0]["budget"] if docs else {"steps": DEFAULT_STEPS}
     have = {(d["mode"], d["seed"]) for d in docs}
     for mode, seed in expected or []:
         if (mode, seed) not in have and not seed_path(tag_dir, mode, seed).exists():  # a torn one is named above
-            problems.append(f"{mode} seed {seed}: no result in {tag_dir}; run it: "
+            problems.append(f"{mode} seed {seed}: no result in {shown(tag_dir)}; run it: "
                             f"{run_command(tag_dir.name, mode, seed, budget)}")
     order = {"grpo": 0, "static": 1, "crl": 2}
     docs.sort(key=lambda d: (order.get(d["mode"], 9), d["mode"], d["seed"]))
     return docs, problems
 
 
-def verdict(rows: list[dict]) -> dict:
-    """Per mode: the held-out gains (points), their median, and the issue's bar (every seed >= +10,
-    median >= +20)."""
+def verdict(rows: list[dict], planned: int = ACCEPTANCE_SEEDS) -> dict:
+    """Per mode: the held-out gains (points), their median, and the issue's bar over ``planned`` seeds
+    (every seed >= +10, median >= +20).
+
+    With fewer than ``planned`` seeds in, each criterion is ``True`` (met whatever the missing seeds
+    gain), ``False`` (failed whatever they gain) or ``None`` (open), and ``needed`` says how many of the
+    missing seeds must gain >= +20 for the median to reach it (``None`` once that is impossible)."""
     out = {}
     for mode in dict.fromkeys(r["mode"] for r in rows):
         gains = sorted(r.get("gain_points", float("nan")) for r in rows if r["mode"] == mode)
-        half = len(gains) // 2
-        median = gains[half] if len(gains) % 2 else (gains[half - 1] + gains[half]) / 2
-        out[mode] = {"gains": gains, "median": median, "every seed >= +10": all(g >= 10 for g in gains),
-                     "median >= +20": median >= 20}
+        missing = max(0, planned - len(gains))
+        every = False if any(not g >= 10 for g in gains) else (True if not missing else None)
+        # the median of all seeds if k of the missing ones gain a lot and the others lose a lot
+        medians = [_median(gains + [float("inf")] * k + [float("-inf")] * (missing - k)) for k in range(missing + 1)]
+        needed = next((k for k, m in enumerate(medians) if m >= 20), None)
+        median_ok = True if needed == 0 else (False if needed is None else None)
+        out[mode] = {"gains": gains, "median": _median(gains), "missing": missing, "needed": needed,
+                     "every seed >= +10": every, "median >= +20": median_ok}
     return out
+
+
+def _median(values: list[float]) -> float:
+    v, half = sorted(values), len(values) // 2
+    return v[half] if len(v) % 2 else (v[half - 1] + v[half]) / 2
+
+
+def verdict_line(mode: str, v: dict) -> str:
+    """The verdict in words: the bar's two criteria, or, seeds missing, where each stands."""
+    gains = ", ".join(f"{g:+.1f}" for g in v["gains"])
+    if not v["missing"]:
+        return (f"- {mode}: gains {gains}; median {v['median']:+.1f}; every seed >= +10: {v['every seed >= +10']}; "
+                f"median >= +20: {v['median >= +20']}")
+    n, m = len(v["gains"]), v["missing"]
+    every = {True: "met", False: "failed", None: f"holds so far (the {m} missing must each gain >= +10)"}[v["every seed >= +10"]]
+    if v["median >= +20"] is None:
+        median = f"open: needs {v['needed']} of the {m} missing seeds at >= +20"
+    else:
+        median = "met whatever the missing seeds gain" if v["median >= +20"] else "failed whatever the missing seeds gain"
+    return (f"- {mode}: {n} of {n + m} seeds: gains {gains}; median so far {v['median']:+.1f}; "
+            f"every seed >= +10: {every}; median >= +20: {median}")
 
 
 def host_label(host: dict) -> str:
@@ -305,8 +345,7 @@ def table(docs: list[dict], problems: list[str]) -> str:
                      f"{r.get('gain_points', nan):+.1f} ± {r.get('gain_se_points', nan):.1f} |")
     lines.append("")
     for mode, v in verdict([d["run"] for d in docs]).items():
-        lines.append(f"- {mode}: gains {', '.join(f'{g:+.1f}' for g in v['gains'])}; median {v['median']:+.1f}; "
-                     f"every seed >= +10: {v['every seed >= +10']}; median >= +20: {v['median >= +20']}")
+        lines.append(verdict_line(mode, v))
     if docs:
         budget = docs[0]["budget"]
         size = f"{budget['minutes']:g} minutes" if budget.get("minutes") else f"{budget['steps']} steps"

@@ -63,10 +63,35 @@ def test_report_merges_per_seed_files_from_different_hosts_into_one_table_and_pl
     assert len(rows) == 2
     assert "Intel Xeon, 2 cores, bfloat16 2,400 GFLOP/s" in rows[0] and "| 62 s |" in rows[0]
     assert "AMD EPYC" in rows[1] and "| 171 s |" in rows[1] and "+25.0 ±" in rows[1]
-    assert "- grpo: gains +25.0, +35.0; median +30.0; every seed >= +10: True; median >= +20: True" in table
+    assert ("- grpo: 2 of 5 seeds: gains +25.0, +35.0; median so far +30.0; every seed >= +10: holds so far "
+            "(the 3 missing must each gain >= +10); median >= +20: open: needs 1 of the 3 missing seeds at >= +20") in table
     assert (bench.RESULTS / "t" / "plot.png").stat().st_size > 0
     assert "left out" not in table
     assert "wrote" in capsys.readouterr().out
+
+
+def test_the_verdict_over_five_seeds_says_what_is_settled_and_what_the_missing_ones_need(bench):
+    def runs(*gains):
+        return [{"mode": "grpo", "gain_points": g} for g in gains]
+
+    done = bench.verdict(runs(12, 25, 31, 22, 9))["grpo"]
+    assert (done["missing"], done["median"], done["every seed >= +10"], done["median >= +20"]) == (0, 22, False, True)
+    assert bench.verdict_line("grpo", done) == ("- grpo: gains +9.0, +12.0, +22.0, +25.0, +31.0; median +22.0; "
+                                                 "every seed >= +10: False; median >= +20: True")
+    two_low = bench.verdict(runs(10.9, 14.1))["grpo"]  # the median is the third of five: all 3 missing must reach it
+    assert (two_low["missing"], two_low["needed"], two_low["every seed >= +10"], two_low["median >= +20"]) == \
+        (3, 3, None, None)
+    assert "needs 3 of the 3 missing seeds at >= +20" in bench.verdict_line("grpo", two_low)
+    three_low = bench.verdict(runs(10.9, 14.1, 18))["grpo"]
+    assert (three_low["needed"], three_low["median >= +20"]) == (None, False)
+    assert "median >= +20: failed whatever the missing seeds gain" in bench.verdict_line("grpo", three_low)
+    three_high = bench.verdict(runs(20, 25, 40))["grpo"]
+    assert (three_high["needed"], three_high["median >= +20"]) == (0, True)
+    assert "met whatever the missing seeds gain" in bench.verdict_line("grpo", three_high)
+    one_below_ten = bench.verdict(runs(35, 5))["grpo"]
+    assert one_below_ten["every seed >= +10"] is False and "every seed >= +10: failed" in \
+        bench.verdict_line("grpo", one_below_ten)
+    assert bench.verdict(runs(25, 35), planned=2)["grpo"]["median >= +20"] is True
 
 
 def test_a_torn_per_seed_file_is_named_and_left_out(bench, tmp_path, capsys):
