@@ -35,6 +35,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -291,17 +292,12 @@ def verdict(rows: list[dict], planned: int = ACCEPTANCE_SEEDS) -> dict:
         missing = max(0, planned - len(gains))
         every = False if any(not g >= 10 for g in gains) else (True if not missing else None)
         # the median of all seeds if k of the missing ones gain a lot and the others lose a lot
-        medians = [_median(gains + [float("inf")] * k + [float("-inf")] * (missing - k)) for k in range(missing + 1)]
+        medians = [statistics.median(gains + [float("inf")] * k + [float("-inf")] * (missing - k)) for k in range(missing + 1)]
         needed = next((k for k, m in enumerate(medians) if m >= 20), None)
         median_ok = True if needed == 0 else (False if needed is None else None)
-        out[mode] = {"gains": gains, "median": _median(gains), "missing": missing, "needed": needed,
+        out[mode] = {"gains": gains, "median": statistics.median(gains), "missing": missing, "needed": needed,
                      "every seed >= +10": every, "median >= +20": median_ok}
     return out
-
-
-def _median(values: list[float]) -> float:
-    v, half = sorted(values), len(values) // 2
-    return v[half] if len(v) % 2 else (v[half - 1] + v[half]) / 2
 
 
 def verdict_line(mode: str, v: dict) -> str:
