@@ -85,6 +85,14 @@ def register_builtin_envs() -> None:
     # where group RL sees both wins and losses, with room for a prior worse than random.
     _register("crl/MiniHack-Room-Random-5x5-Short-v0", "crl_envs.minihack.env:MiniHackTextEnv", 16,
               task="MiniHack-Room-Random-5x5-v0")
+    # Persistent worlds (the experience track, crl_envs/persistent.py): seed s plays episode s % 1000 of
+    # world s // 1000. One of K dark corridors goes through, the same in every episode of a world. The caps
+    # let an agent that remembers the corridor win (oracle with memory: 100% over 90 held-out episodes)
+    # while one that must try corridors wins about when its first guess is right (31% at K=3, 18% at K=5).
+    _register("crl/MiniHack-Corridors-3-v0", "crl_envs.minihack.corridors:MiniHackCorridorsEnv", 20,
+              corridors=3, length=6)
+    _register("crl/MiniHack-Corridors-5-v0", "crl_envs.minihack.corridors:MiniHackCorridorsEnv", 22,
+              corridors=5, length=5)
     # ---------------------------------------------------------------- ALFWorld
     # 50 steps per episode: ALFWorld's standard budget (ReAct, Reflexion, AgentBench, Complementary RL).
     # Generated games need no data; Official reads $ALFWORLD_DATA (make fails with instructions without it).

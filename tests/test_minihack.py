@@ -139,7 +139,7 @@ MINIHACK_IDS = sorted(i for i in gym.registry if i.startswith("crl/MiniHack-"))
 
 
 def test_every_task_is_registered():
-    assert len(MINIHACK_IDS) == 24 and "crl/MiniHack-KeyRoom-S5-v0" in MINIHACK_IDS
+    assert len(MINIHACK_IDS) == 26 and "crl/MiniHack-KeyRoom-S5-v0" in MINIHACK_IDS
     assert gym.spec("crl/MiniHack-Room-Random-5x5-Short-v0").max_episode_steps == 16
 
 
