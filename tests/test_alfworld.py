@@ -77,7 +77,8 @@ def official_tree(tmp_path_factory, game_cache):
 # ------------------------------------------------------------------ conformance
 @pytest.mark.parametrize("env_id", ALF_IDS)
 def test_conformance_kit_passes_on_every_alfworld_id(env_id, official_tree):
-    kwargs = {"data_path": official_tree[0]} if "Official" in env_id else {"num_games": NUM_GAMES}
+    kwargs = ({"data_path": official_tree[0]} if "Official" in env_id
+              else {} if "House" in env_id else {"num_games": NUM_GAMES})  # House: one household per world
     check_text_env(env_id, seeds=(0, 1), n_steps=3, make_kwargs=kwargs)
 
 
