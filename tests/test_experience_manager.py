@@ -350,7 +350,7 @@ def test_ask_answers_through_the_extractor_and_falls_back_without_entries(bank):
 
 
 def test_a_paused_extractor_holds_distillations_and_merges_while_searches_and_asks_go_on(bank, tmp_path):
-    llm = ScriptedLLM([ops(add("Corners", "If a box is in a corner, then restart the level."))])
+    llm = ScriptedLLM(["Push boxes along walls.", ops(add("Corners", "If a box is in a corner, then restart the level."))])
 
     async def main():
         m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0), log_path=tmp_path / "calls.jsonl")
@@ -362,19 +362,22 @@ def test_a_paused_extractor_holds_distillations_and_merges_while_searches_and_as
         await asyncio.sleep(0.2)
         assert llm.calls == [] and len(bank) == 1 and m.pending == 1 and not merge.done()  # held, not dropped
         assert [e.title for e in await m.search("box wall", task=TASK)] == ["Walls"]  # searches go on
-        res = await asyncio.wait_for(m.ask("walls?", task=TASK), 5)  # answered without the extractor
-        assert res.call_id is None and res.answer.startswith("Relevant lessons: Walls") and llm.calls == []
-        assert m.stats["asks_paused"] == 1
+        # search-and-ask means the same while the extractor trains: the extractor answers (with the weights it
+        # has when the call runs) and the answer is logged as a call an outcome can credit
+        res = await asyncio.wait_for(m.ask("walls?", task=TASK), 5)
+        assert res.call_id and res.answer == "Push boxes along walls." and len(llm.calls) == 1
+        assert [r["kind"] for r in m.calls.records() if r["type"] == "call"] == ["answer"]
+        assert m.stats["asks_paused"] == 1 and len(bank) == 1 and m.pending == 1  # still no bank write
         with pytest.raises(RuntimeError, match="paused"):
             await m.flush()
         m.resume_extractor()  # the update is in: the held calls run
         await asyncio.wait_for(m.flush(), 5)
         await asyncio.wait_for(merge, 5)
-        assert len(bank) == 2 and m.pending == 0 and len(llm.calls) == 1 and not m.extractor_paused
+        assert len(bank) == 2 and m.pending == 0 and len(llm.calls) == 2 and not m.extractor_paused
         m.pause_extractor()
         m.submit(traj(1))
         await asyncio.wait_for(m.aclose(), 5)  # closing resumes and finishes the held distillation
-        assert len(llm.calls) == 2
+        assert len(llm.calls) == 3
 
     run(main())
 

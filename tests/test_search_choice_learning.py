@@ -5,8 +5,8 @@ answer and lowers it where the bank misleads.
 The task is the extractor mechanism test's vault (:class:`tests.test_extractor_mechanism.VaultEnv`): one try
 at a keypad whose code is a secret of the vault. The actor is the ``crl`` agent in score mode on a tiny random
 model served by the transformers backend: at its one decision it scores the four keys and ``<search>``; a
-search asks the bank (the extractor is paused, so the answer is the entries themselves, as the manager answers
-while its extractor trains) and the policy then decides again. Like the mechanism test, which isolates the
+search asks the bank (the manager has no extractor here, so the answer is the entries themselves) and the
+policy then decides again. Like the mechanism test, which isolates the
 extractor with a fixed reader actor, this one isolates the tool choice: after an answer that names a code the
 actor presses it (a tiny random model cannot learn to read in a few steps, and that is not what is tested);
 otherwise it presses the key it scored.
@@ -108,7 +108,7 @@ async def held_out(agent: ReaderAgent) -> float:
 async def train(llm: TransformersLLM, bank: str, run_dir: str) -> tuple[float, float, list[dict]]:
     agent = ReaderAgent(llm=llm, embedder="hash", bank=bank, run_dir=run_dir, action_mode="score", temperature=1.0,
                         score_norm="mean", max_tool_calls=1, k=1, learning=False)
-    agent.manager.pause_extractor()  # search-and-ask answers with the entries themselves
+    agent.manager.extractor = None  # no extractor: search-and-ask answers with the entries themselves
     learner = PolicyLearner(llm.model, lr=LR, loss="ppo", clip_eps=0.2)
     sync, log = SharedWeights(llm), []
     try:

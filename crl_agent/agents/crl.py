@@ -96,6 +96,12 @@ class CRLPolicy(LLMPolicy):
         self.search_log: list[dict[str, str]] = []  # this turn's searches, for its trace
         self.critique_log: list[dict[str, Any]] = []  # the actor's verdict on each retrieved entry
 
+    @property
+    def recording(self) -> bool:
+        """Whether this episode's searches count as the bank's usage (not a held-out episode: its searches
+        and answers leave retrieval counts, recency, the dropout RNG and the call log as they were)."""
+        return self.agent.learning and self.ctx.learning
+
     async def system_prompt(self, obs: str, info: dict[str, Any]) -> str:
         base = await super().system_prompt(obs, info)
         self.goal = str(info.get("task") or "")
@@ -105,7 +111,8 @@ class CRLPolicy(LLMPolicy):
         if self.agent.sync_experience and not manager.extractor_paused:  # paused: the trainer's update runs
             await manager.flush()
         t0 = time.perf_counter()
-        self.shown = await manager.search(self.goal or obs[:500], k=self.agent.k, task=self.ctx.env_id)
+        self.shown = await manager.search(self.goal or obs[:500], k=self.agent.k, task=self.ctx.env_id,
+                                          record=self.recording)
         self.search_s += time.perf_counter() - t0
         if self.agent.critique and self.shown:
             self.shown = await self.critique(self.shown, self.goal or obs[:500])
@@ -152,7 +159,7 @@ class CRLPolicy(LLMPolicy):
         if reply.tool != "search" or self.agent.manager is None:
             return await super().on_tool(reply, info)
         question = reply.argument[:500] or self.goal
-        res = await self.agent.manager.ask(question, task=self.ctx.env_id)
+        res = await self.agent.manager.ask(question, task=self.ctx.env_id, record=self.recording)
         self.search_s += res.seconds
         self.searched.extend(e for e in res.entries if e.id not in {s.id for s in self.searched})
         if res.call_id:

@@ -19,7 +19,13 @@ A trainer's checkpoint records the log's :meth:`CallLog.offset`; ``--resume`` cu
 
 Meta-reward of a call = mean outcome (±1) of the distinct episodes it guided (an episode key credited
 twice, e.g. by a step redone after a kill, counts once: its last outcome); entries retrieved repeatedly
-share their samples. Count-aware weight of a call (DESIGN section 7) = mean over the entries it wrote
+share their samples.
+
+**The training buffer** (the official code's FIFO ``MemoryTrainingBuffer``): a call is *queued* once an
+outcome credits it, and leaves the queue when a trainer trains on it (a ``trained`` record); it returns only
+with outcomes logged after that record. Its ``new_reward`` is the meta-reward of those new outcomes alone,
+so no update sees the same evidence twice; ``queued_at`` (the log position of its first new outcome)
+orders the queue, oldest first. ``reward`` stays the meta-reward over every episode the call guided. Count-aware weight of a call (DESIGN section 7) = mean over the entries it wrote
 that are still in the bank of ``w = 0`` if the entry was trained within ``cooldown`` steps, else
 ``(1 + train_count) ** -0.5``. A call with no live entry (a search-and-ask answer, a write merged away or
 deleted, a call that wrote nothing) takes the same rule with its own counts, from the ``trained``
@@ -205,6 +211,13 @@ class ExtractorSample:
         policy_version: the extractor's policy version (its learner's updates) when it made the call.
         temperature: the temperature of ``logprobs``: the sampling temperature where the backend reported
             the sampled distribution's log-probs, else 1 (the unmodified model's, as older logs hold).
+        new_reward: meta-reward of the outcomes logged since the call was last trained (``None``: none, so
+            it is not in the training buffer; see the module docstring).
+        new_episodes: how many episodes ``new_reward`` averages.
+        queued_at: the log position (record index) of its first outcome since it was last trained: the
+            buffer's FIFO order (``-1``: not queued).
+        model_chosen: per token, whether the model chose it (``Completion.model_chosen``; empty: unknown,
+            every token counts).
     """
 
     call_id: str
@@ -219,6 +232,15 @@ class ExtractorSample:
     entries: list[int] = field(default_factory=list)
     policy_version: int = 0
     temperature: float = 1.0
+    new_reward: float | None = None
+    new_episodes: int = 0
+    queued_at: int = -1
+    model_chosen: list[bool] = field(default_factory=list)
+
+    @property
+    def queued(self) -> bool:
+        """Whether the call is in the training buffer: it has outcomes no update has trained on."""
+        return self.new_reward is not None
 
 
 def entry_weight(entry: ExperienceEntry, step: int, cooldown: int = 1) -> float:
@@ -237,8 +259,9 @@ def fold_samples(
     docstring; ``bank=None``: every call weighs by its own training counts). ``no_op_reward``: a distil
     call that wrote no entry is rewarded with the mean outcome of the next :data:`NO_OP_WINDOW` blind
     episodes (``"blind"`` outcome records: nothing guided them) logged after it."""
-    outcomes: dict[str, dict[str, float]] = {}  # call id -> episode key -> its outcome (the last credited)
+    outcomes: dict[str, dict[str, tuple[int, float]]] = {}  # call id -> episode key -> (record index, outcome)
     trained: dict[str, tuple[int, int]] = {}  # call id -> (times trained, the last step)
+    trained_at: dict[str, int] = {}  # call id -> record index of its last ``trained`` record
     blind: list[tuple[int, str, float]] = []  # (record index, episode key, outcome) of unguided episodes
     for n, rec in enumerate(records):
         if rec["type"] == "outcome":
@@ -246,21 +269,26 @@ def fold_samples(
             if rec.get("blind"):
                 blind.append((n, episode, float(rec["outcome"])))
             for cid in set(rec.get("call_ids", ())):
-                outcomes.setdefault(cid, {})[episode] = float(rec["outcome"])
+                mine = outcomes.setdefault(cid, {})
+                mine.pop(episode, None)  # the last credit of an episode counts, at its place in the log
+                mine[episode] = (n, float(rec["outcome"]))
         elif rec["type"] == "trained":
             for cid in set(rec.get("call_ids", ())):
                 count, last = trained.get(cid, (0, -1))
                 trained[cid] = (count + 1, max(last, int(rec["step"])))
+                trained_at[cid] = n
     samples = []
     for n, rec in enumerate(records):
         if rec["type"] != "call":
             continue
-        got = list(outcomes.get(rec["call_id"], {}).values())
+        credited = list(outcomes.get(rec["call_id"], {}).values())  # (record index, outcome), in log order
         entries = [int(i) for i in rec.get("entries", [])]
-        if no_op_reward and rec["kind"] == "distil" and not entries and not got:
+        if no_op_reward and rec["kind"] == "distil" and not entries and not credited:
             first = bisect.bisect_right(blind, (n, "", 0.0))  # the first blind episode logged after the call
-            after = blind[first:first + NO_OP_WINDOW]
-            got = list({key: o for _, key, o in after}.values())  # an episode logged twice counts once
+            after = {key: (i, o) for i, key, o in blind[first:first + NO_OP_WINDOW]}  # an episode twice: once
+            credited = sorted(after.values())
+        got = [o for _, o in credited]
+        fresh = [(i, o) for i, o in credited if i > trained_at.get(rec["call_id"], -1)]
         live = []
         if bank is not None and rec["kind"] != "answer":
             live = [e for e in bank.get_many(entries) if e.origin == rec["call_id"]]
@@ -285,9 +313,18 @@ def fold_samples(
                 entries=entries,
                 policy_version=int(rec.get("policy_version", 0)),
                 temperature=temperature,
+                new_reward=meta_reward(o for _, o in fresh),
+                new_episodes=len(fresh),
+                queued_at=fresh[0][0] if fresh else -1,
+                model_chosen=[bool(x) for x in rec.get("model_chosen") or ()],
             )
         )
     return samples
+
+
+def training_buffer(samples: list[ExtractorSample]) -> list[ExtractorSample]:
+    """The calls in the training buffer (outcomes no update has trained on), oldest first."""
+    return sorted((s for s in samples if s.queued), key=lambda s: s.queued_at)
 
 
 def load_samples(

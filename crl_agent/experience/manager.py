@@ -121,6 +121,7 @@ class _Request:
     query: str
     k: int
     task: str | None
+    record: bool = True  # False: a held-out episode's search, which leaves usage stats and the RNG alone
 
 
 class ExperienceManager:
@@ -266,10 +267,14 @@ class ExperienceManager:
         return f"{self.run_tag}-{next(self._call_counter):06d}"
 
     # ---------------------------------------------------------------- search
-    async def search(self, query: str, k: int | None = None, task: str | None = None) -> list[ExperienceEntry]:
-        """Diversified entries for ``query`` (within ``task`` if given); usage stats are updated."""
+    async def search(self, query: str, k: int | None = None, task: str | None = None,
+                     record: bool = True) -> list[ExperienceEntry]:
+        """Diversified entries for ``query`` (within ``task`` if given). ``record`` (default) updates the
+        entries' usage stats (retrieval count, recency) and draws the dropout move from the retriever's
+        RNG; ``record=False`` (a held-out episode) leaves both as they were, so evaluating changes nothing
+        that training searches see."""
         await self.start()
-        return await self._searches.submit(_Request(query, self.config.k if k is None else k, task))
+        return await self._searches.submit(_Request(query, self.config.k if k is None else k, task, record))
 
     async def _serve(self, batch: list[_Request]) -> list[list[ExperienceEntry]]:
         """One batch of searches (the batcher hands an exception raised here to every request in it)."""
@@ -312,26 +317,33 @@ class ExperienceManager:
             hits = self.bank.search_vectors(np.stack([vectors[batch[i].query] for i in idx]), kmax, task)
             for i, h in zip(idx, hits, strict=True):
                 want = batch[i].k * self.config.diversity.oversample
-                results[i] = self.retriever.select(h[:want], batch[i].k, now)
+                results[i] = self.retriever.select(h[:want], batch[i].k, now, record=batch[i].record,
+                                                   key=batch[i].query)
         return results
 
     # ---------------------------------------------------------------- search-and-ask
-    async def ask(self, question: str, task: str | None = None, k: int | None = None) -> AskResult:
-        """Answer ``question`` from retrieved entries through the extractor (logged as an ``answer`` call)."""
+    async def ask(self, question: str, task: str | None = None, k: int | None = None,
+                  record: bool = True) -> AskResult:
+        """Answer ``question`` from retrieved entries through the extractor (logged as an ``answer`` call).
+
+        The answer always comes from the extractor, also while it trains (:meth:`pause_extractor` holds
+        bank writes, not answers): its backend answers with the weights it has when the call runs, whose
+        version the logged call records, so the actor's search tool means the same thing at every step.
+        ``record=False`` (a held-out episode): the search leaves usage stats alone (:meth:`search`) and
+        the answer is not logged, since no outcome will ever credit it."""
         t0 = time.perf_counter()
-        entries = await self.search(question, k, task)
+        entries = await self.search(question, k, task, record=record)
         answer, call_id = "", None
-        if not entries or self.extractor is None:
-            pass
-        elif self.extractor_paused:
-            self.stats["asks_paused"] += 1  # the extractor is training: answer from the entries alone
-        else:
+        if entries and self.extractor is not None:
+            if self.extractor_paused:
+                self.stats["asks_paused"] += 1  # answered all the same, by the weights of the moment
             messages = ex.answer_messages(task or "any", question, entries)
             try:
                 completion, seconds = await self._chat(messages, self.config.answer_params)
                 answer = ex.parse_answer(completion.text)
-                call_id = self._log_call("answer", messages, completion, [], [], [e.id for e in entries], task,
-                                         params=self.config.answer_params, seconds=seconds)
+                if record:
+                    call_id = self._log_call("answer", messages, completion, [], [], [e.id for e in entries],
+                                             task, params=self.config.answer_params, seconds=seconds)
             except Exception as e:  # noqa: BLE001 - an extractor failure must not end the episode
                 self.stats["extractor_errors"] += 1
                 log.warning("search-and-ask extractor call failed: %s", e)
@@ -544,7 +556,8 @@ class ExperienceManager:
                 "messages": messages, "text": completion.text, "token_ids": completion.token_ids,
                 "logprobs": completion.logprobs, "prompt_token_ids": completion.prompt_token_ids,
                 "sampling_logprobs": completion.sampling_logprobs, "temperature": temperature,
-                "policy_version": completion.policy_version, "model": completion.model, "ops": ops, "errors": errors, "entries": entries, **extra,
+                "model_chosen": completion.model_chosen, "policy_version": completion.policy_version,
+                "model": completion.model, "ops": ops, "errors": errors, "entries": entries, **extra,
             }
         )
         return call_id

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,12 +80,18 @@ class Retriever:
         self.rng = np.random.default_rng(seed)
 
     def select(
-        self, hits: list[tuple[int, float]], k: int, now: float | None = None, record: bool = True
+        self, hits: list[tuple[int, float]], k: int, now: float | None = None, record: bool = True,
+        key: str = "",
     ) -> list[ExperienceEntry]:
-        """Diversify nearest-neighbour ``hits`` (best first) to ``k`` entries and update usage stats."""
+        """Diversify nearest-neighbour ``hits`` (best first) to ``k`` entries and update usage stats.
+
+        ``record=False`` (a held-out episode) changes nothing a later search depends on: no usage stats, and
+        the dropout move draws from an RNG of its own seeded by ``key`` (e.g. the query), not the
+        retriever's, so training searches after it see the same draws as without it."""
         now = time.time() if now is None else now
         candidates = self.bank.get_many([i for i, _ in hits])
-        chosen = diversify(candidates, k, self.config, self.rng, now)
+        rng = self.rng if record else np.random.default_rng(zlib.crc32(key.encode("utf-8", "replace")))
+        chosen = diversify(candidates, k, self.config, rng, now)
         if record and chosen:
             self.bank.record_retrieval([e.id for e in chosen], now)
         return chosen

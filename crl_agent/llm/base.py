@@ -91,6 +91,10 @@ class Completion:
             ``softmax(logits / temperature)`` (top-p truncation not included; greedy decoding: the
             unmodified one): the old log-probs an importance ratio needs. Equal to ``logprobs`` at
             temperature 1; empty where a backend does not report them.
+        model_chosen: for each generated token, whether the model chose it: ``False`` where a JSON schema
+            allowed that one token only, or the schema's closing phase picked it deterministically
+            (:mod:`crl_agent.llm.constrained`). A trainer leaves those out of the loss: no choice, no
+            credit. Empty where a backend does not know (every token then counts as chosen).
     """
 
     text: str
@@ -103,6 +107,7 @@ class Completion:
     reported_completion_tokens: int | None = None
     policy_version: int = 0
     sampling_logprobs: list[float] = field(default_factory=list)
+    model_chosen: list[bool] = field(default_factory=list)
 
     @property
     def completion_tokens(self) -> int:

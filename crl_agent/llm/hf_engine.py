@@ -379,16 +379,19 @@ class ForwardEngine:
         u = torch.rand(1, generator=gen, dtype=cdf.dtype) * cdf[-1]
         return int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
 
-    def _sample_constrained(self, logits, req: GenRequest, gen, generated: int) -> int:
-        """A token the request's schema allows: sampled from the masked logits, or, in the last
-        :func:`~crl_agent.llm.constrained.close_reserve` tokens, the one that closes the document soonest."""
+    def _sample_constrained(self, logits, req: GenRequest, gen, generated: int) -> tuple[int, bool]:
+        """A token the request's schema allows, and whether the model chose it: sampled from the masked
+        logits (chosen where the schema allowed more than one token), or, in the last
+        :func:`~crl_agent.llm.constrained.close_reserve` tokens, the one that closes the document soonest
+        (picked by rule, not chosen)."""
         assert req.constraint is not None
         allowed = req.constraint.allowed()
-        if not bool(allowed.any()):
+        choices = int(allowed.sum())
+        if not choices:
             raise RuntimeError(f"the schema allows no next token: {req.constraint.error() or 'dead end'}")
         if req.max_new - generated <= close_reserve(req.max_new):
-            return req.constraint.closing_token(logits, allowed)
-        return self._sample(logits.masked_fill(~allowed, float("-inf")), req.params, gen)
+            return req.constraint.closing_token(logits, allowed), False
+        return self._sample(logits.masked_fill(~allowed, float("-inf")), req.params, gen), choices > 1
 
     def _decode(self, reqs: list[GenRequest], kv_cache, logits, mask, version: int,
                 window: BatchWindow | None = None) -> list[Completion | Exception]:
@@ -400,6 +403,7 @@ class ForwardEngine:
         gen_ids: list[list[int]] = [[] for _ in reqs]
         lps: list[list[float]] = [[] for _ in reqs]
         sampled: list[list[float]] = [[] for _ in reqs]  # under the tempered distribution the token came from
+        chosen: list[list[bool]] = [[] for _ in reqs]  # whether the model chose each token (Completion.model_chosen)
         finish = ["length"] * n
         stop_at: list[int | None] = [None] * n
         failed: dict[int, Exception] = {}
@@ -412,14 +416,15 @@ class ForwardEngine:
                 if r.cancelled:  # nobody waits for this row any more
                     continue
                 if r.constraint is None:
-                    tok = self._sample(logits[row], r.params, gens[i])
+                    tok, free = self._sample(logits[row], r.params, gens[i]), True
                 else:
                     try:
-                        tok = self._sample_constrained(logits[row], r, gens[i], len(gen_ids[i]))
+                        tok, free = self._sample_constrained(logits[row], r, gens[i], len(gen_ids[i]))
                     except RuntimeError as e:  # fails this request only
                         failed[i] = e
                         continue
                 gen_ids[i].append(tok)
+                chosen[i].append(free)
                 lps[i].append(float(logprobs[row, tok]))
                 temperature = r.params.temperature
                 sampled[i].append(lps[i][-1] if temperature <= 0 or temperature == 1 else
@@ -470,6 +475,6 @@ class ForwardEngine:
             results.append(Completion(
                 text=text, token_ids=gen_ids[i], logprobs=lps[i], prompt_token_ids=list(r.prompt_ids),
                 prompt_tokens=len(r.prompt_ids), finish_reason=finish[i], model=self.model_name,
-                policy_version=version, sampling_logprobs=sampled[i],
+                policy_version=version, sampling_logprobs=sampled[i], model_chosen=chosen[i],
             ))
         return results

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crl_agent.episode import Episode, ScoredTurn
+from crl_agent.experience.calllog import training_buffer
 from crl_agent.rl.advantages import extractor_advantages
 from crl_agent.rl.samples import TurnSample
 
@@ -84,19 +85,30 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
 
 
 def extractor_samples(manager: Any, step: int, cooldown: int, batch: int) -> tuple[list[TurnSample], list[Any]]:
-    """The extractor's CISPO batch: the latest ``batch`` calls with a meta-reward and a count-aware weight
-    above 0 (a call trained within ``cooldown`` steps is left out: see :mod:`crl_agent.experience.calllog`),
-    advantage = (reward - mean) * weight (:func:`~crl_agent.rl.extractor_advantages`), each stamped with
-    the extractor version that sampled it and the temperature of its recorded log-probs (the
-    distillations' 0.7), at which the learner recomputes them. Returns the samples and the calls they
-    come from (``([], [])`` while fewer than ``batch`` are ready)."""
-    ready = [s for s in manager.training_samples(step, cooldown) if s.reward is not None and s.weight > 0
-             and s.prompt_token_ids and s.token_ids and len(s.logprobs) == len(s.token_ids)]
-    if not ready or len(ready) < batch:
+    """The extractor's CISPO batch, popped from the training buffer
+    (:func:`~crl_agent.experience.calllog.training_buffer`): the ``batch`` oldest calls with outcomes no
+    update has trained on and a count-aware weight above 0 (a call trained within ``cooldown`` steps
+    waits), each rewarded with the meta-reward of those new outcomes alone; advantage = (reward - mean) *
+    weight (:func:`~crl_agent.rl.extractor_advantages`). Each sample is stamped with the extractor version
+    that sampled it and the temperature of its recorded log-probs (the distillations' 0.7), at which the
+    learner recomputes them, and masks the tokens the model did not choose (``model_chosen``: a schema
+    that allowed one token, a closer picked by rule). Returns the samples and the calls they come from
+    (``([], [])`` while fewer than ``batch`` are ready)."""
+    ready = [s for s in training_buffer(manager.training_samples(step, cooldown)) if trainable_call(s)]
+    if len(ready) < batch or batch < 1:
         return [], []
-    ready = ready[-batch:]
-    advantages = extractor_advantages([s.reward for s in ready], [s.weight for s in ready]).tolist()
+    ready = ready[:batch]
+    advantages = extractor_advantages([s.new_reward for s in ready], [s.weight for s in ready]).tolist()
     samples = [TurnSample(prompt_ids=s.prompt_token_ids, response_ids=s.token_ids, old_logprobs=s.logprobs,
-                          advantage=adv, policy_version=s.policy_version, temperature=s.temperature)
+                          advantage=adv, policy_version=s.policy_version, temperature=s.temperature,
+                          response_mask=s.model_chosen if len(s.model_chosen) == len(s.token_ids) else None)
                for s, adv in zip(ready, advantages, strict=True)]
     return samples, ready
+
+
+def trainable_call(sample: Any) -> bool:
+    """Whether a queued extractor call can be trained on now: a weight above 0, its prompt and reply ids,
+    one log-prob per reply token, and at least one token the model chose."""
+    return (sample.weight > 0 and bool(sample.prompt_token_ids) and bool(sample.token_ids)
+            and len(sample.logprobs) == len(sample.token_ids)
+            and (len(sample.model_chosen) != len(sample.token_ids) or any(sample.model_chosen)))

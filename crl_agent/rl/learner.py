@@ -399,7 +399,8 @@ class PolicyLearner:
         for i, (s, x) in enumerate(zip(batch, logps, strict=True)):
             rows.append(torch.nn.functional.pad(x, (0, width - len(x))))
             engine[i, : len(x)] = torch.tensor(s.old_logprobs, device=device)
-            mask[i, : len(x)] = True
+            # a generated token the model did not choose (forced by a schema) carries no gradient signal
+            mask[i, : len(x)] = True if s.response_mask is None else torch.tensor(s.response_mask, device=device)
             if s.learner_logprobs is None and s.policy_version == self.version:
                 # these weights sampled it: kept for the epochs after this one, when they will have moved
                 s.learner_logprobs = x.detach().float().tolist()

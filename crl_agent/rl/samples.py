@@ -49,6 +49,9 @@ class TurnSample:
         behaviour_weight: ``pi / mu`` of the chosen action when it was sampled from a behaviour ``mu``
             other than the policy ``pi`` (``--explore`` mixes in uniform); it multiplies the
             policy-gradient term only (the KL and entropy terms are exact over the candidates). 1 on-policy.
+        response_mask: generate mode: for each response token, whether the loss covers it: ``False`` for a
+            token the model did not choose (a schema that allowed one token only, a closer picked
+            deterministically: ``Completion.model_chosen``). ``None``: every token counts.
         learner_logprobs: the learner's own log-probs of what ``old_logprobs`` cover, under the weights
             that sampled it (version ``policy_version``), no gradient: filled in by
             :class:`~crl_agent.rl.PolicyLearner` on its first update at that version, so later epochs
@@ -66,6 +69,7 @@ class TurnSample:
     policy_version: int = 0
     coef: float = 1.0
     behaviour_weight: float = 1.0
+    response_mask: list[bool] | None = None
     learner_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
@@ -107,6 +111,11 @@ class TurnSample:
                 raise ValueError(
                     f"{len(self.old_logprobs)} old_logprobs for {len(self.response_ids)} response tokens"
                 )
+            if self.response_mask is not None:
+                self.response_mask = [bool(m) for m in self.response_mask]
+                if len(self.response_mask) != len(self.response_ids):
+                    raise ValueError(f"{len(self.response_mask)} response_mask values for "
+                                     f"{len(self.response_ids)} response tokens")
 
     @property
     def mode(self) -> str:

@@ -1,0 +1,168 @@
+"""The extractor's side of the dual loop, as issue 46 found it wrong (each test fails on the code before):
+
+- a call is trained again only with new outcomes: the training buffer is FIFO, and an update's reward for a
+  call is the meta-reward of what it guided since its last update (the official ``MemoryTrainingBuffer``);
+- tokens the model did not choose (one token allowed by the schema, a closer picked by rule) are out of the
+  CISPO loss;
+- held-out searches leave the bank's usage stats and the retriever's dropout RNG as they were.
+
+(Search-and-ask while the extractor trains: tests/test_experience_manager.py's paused-extractor test.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from crl_agent.experience.calllog import CallLog, fold_samples, training_buffer
+from crl_agent.rl.batches import extractor_samples
+
+
+def call(cid: str, n: int = 3, chosen: list[bool] | None = None) -> dict:
+    rec = {"type": "call", "call_id": cid, "kind": "distil", "messages": [], "text": "{}",
+           "token_ids": list(range(10, 10 + n)), "logprobs": [-0.5] * n, "prompt_token_ids": [1, 2, 3],
+           "entries": [], "policy_version": 0}
+    if chosen is not None:
+        rec["model_chosen"] = chosen
+    return rec
+
+
+def outcome(episode: str, success: bool, *cids: str) -> dict:
+    return {"type": "outcome", "episode": episode, "outcome": 1.0 if success else -1.0, "call_ids": list(cids)}
+
+
+class LogManager:
+    """What :func:`extractor_samples` and the trainer need of an ExperienceManager, over an in-memory log."""
+
+    def __init__(self, records: list[dict]):
+        self.calls = CallLog(None)
+        for r in records:
+            self.calls.write(r)
+
+    def training_samples(self, step: int, cooldown: int = 1):
+        return fold_samples(self.calls.records(), None, step, cooldown)
+
+    def mark_trained(self, samples, step: int) -> None:
+        self.calls.write({"type": "trained", "call_ids": [s.call_id for s in samples], "step": step, "entries": []})
+
+
+def test_a_trained_call_returns_to_the_buffer_only_with_new_outcomes_and_their_reward_alone():
+    m = LogManager([call("a"), call("b"), outcome("e1", True, "a"), outcome("e2", False, "b"),
+                    outcome("e3", True, "a")])
+    samples, used = extractor_samples(m, step=5, cooldown=1, batch=2)
+    assert [s.call_id for s in used] == ["a", "b"]  # FIFO: a was credited first
+    assert [s.new_reward for s in used] == [1.0, -1.0] and [s.advantage for s in samples] == [1.0, -1.0]
+    m.mark_trained(used, step=5)
+    # no new evidence: the old code took the same two calls again (every other step, past the cooldown)
+    assert extractor_samples(m, step=9, cooldown=1, batch=1) == ([], [])
+    assert training_buffer(m.training_samples(9)) == []
+    m.calls.write(outcome("e4", False, "a"))
+    (queued,) = training_buffer(m.training_samples(9))
+    # its reward is the new episode's alone; its meta-reward over everything it guided stays reported
+    assert (queued.call_id, queued.new_reward, queued.new_episodes, queued.reward) == ("a", -1.0, 1, pytest.approx(1 / 3))
+    m.calls.write(outcome("e5", True, "b"))
+    assert [s.call_id for s in training_buffer(m.training_samples(9))] == ["a", "b"]  # in the order they came back
+
+
+def test_the_buffer_keeps_a_call_cooling_down_for_a_later_update():
+    m = LogManager([call("a"), call("b"), outcome("e1", True, "a")])
+    _, used = extractor_samples(m, step=3, cooldown=1, batch=1)
+    m.mark_trained(used, step=3)
+    m.calls.write(outcome("e2", False, "a"))
+    m.calls.write(outcome("e3", True, "b"))
+    _, used = extractor_samples(m, step=4, cooldown=1, batch=1)  # a is cooling down (trained at 3): b goes
+    assert [s.call_id for s in used] == ["b"]
+    m.mark_trained(used, step=4)
+    _, used = extractor_samples(m, step=5, cooldown=1, batch=1)  # a waited in the buffer, and goes now
+    assert [(s.call_id, s.new_reward) for s in used] == [("a", -1.0)]
+
+
+def test_tokens_the_model_did_not_choose_are_masked_out_of_the_extractors_loss():
+    m = LogManager([call("a", 4, chosen=[True, False, True, False]), call("b", 2, chosen=[False, False]),
+                    call("c", 2), outcome("e1", True, "a", "b", "c")])
+    samples, used = extractor_samples(m, step=1, cooldown=1, batch=2)
+    # b had no token of its own choosing: nothing to learn from, so it is not taken
+    assert [s.call_id for s in used] == ["a", "c"]
+    assert samples[0].response_mask == [True, False, True, False] and samples[1].response_mask is None
+
+
+def test_the_learner_gives_a_masked_token_neither_loss_nor_gradient(tiny):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from crl_agent.rl import PolicyLearner
+    from crl_agent.rl.samples import TurnSample
+
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    learner = PolicyLearner(model, lr=1e-3, loss="cispo")
+
+    def grads(old: list[float], mask: list[bool] | None):
+        sample = TurnSample(prompt_ids=[5, 6, 7], response_ids=[8, 9, 10], old_logprobs=old, advantage=1.0,
+                            temperature=1.0, response_mask=mask)
+        model.zero_grad()
+        loss, _, _ = learner._forward([sample])
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone()
+
+    masked = grads([-1.0, -2.0, -3.0], [True, False, True])
+    # the old log-prob of the masked token (its CISPO weight) no longer matters...
+    assert torch.allclose(masked, grads([-1.0, -9.0, -3.0], [True, False, True]))
+    # ...while it does when the token counts
+    assert not torch.allclose(grads([-1.0, -2.0, -3.0], None), grads([-1.0, -9.0, -3.0], None))
+
+
+def test_the_engine_marks_schema_forced_and_closing_tokens_as_not_chosen(tiny):
+    pytest.importorskip("llguidance")
+    from crl_agent.llm import SamplingParams
+    from crl_agent.llm.constrained import close_reserve
+    from crl_agent.llm.transformers_backend import TransformersLLM
+
+    llm = TransformersLLM(tiny, dtype="float32")
+    schema = {"type": "object", "properties": {"kind": {"const": "add"}, "title": {"type": "string", "maxLength": 40}},
+              "required": ["kind", "title"], "additionalProperties": False}
+
+    def chat(max_tokens: int):
+        return asyncio.run(llm.chat([{"role": "user", "content": "write"}],
+                                    SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=1, json_schema=schema)))
+
+    try:
+        roomy, tight = chat(120), chat(40)
+    finally:
+        asyncio.run(llm.aclose())
+    assert json.loads(roomy.text)["kind"] == "add" and len(roomy.model_chosen) == len(roomy.token_ids)
+    text = [llm.tokenizer.decode([t]) for t in roomy.token_ids]
+    # '{"kind": "add", "title": "' has one allowed token at each place: none of it is the model's choice...
+    prefix = len('{"kind": "add", "title": "')
+    assert "".join(text[:prefix]) == '{"kind": "add", "title": "' and not any(roomy.model_chosen[:prefix])
+    assert any(roomy.model_chosen[prefix:])  # ...while the title is
+    # in the closing phase (the last close_reserve tokens of the cap) the closer is picked by rule
+    reserve = 40 - close_reserve(40)
+    assert len(tight.model_chosen) > reserve and not any(tight.model_chosen[reserve:])
+
+
+def test_held_out_searches_leave_usage_stats_and_the_dropout_rng_unchanged(tmp_path):
+    pytest.importorskip("hnswlib")
+    from crl_agent.experience import ExperienceBank, ExperienceManager, ManagerConfig
+
+    bank = ExperienceBank(tmp_path / "bank", embedder="hash")
+    for i in range(12):
+        bank.add("crl/T-v0", f"Lesson {i}", f"If the door {i} is locked, then find key {i}.")
+
+    async def main():
+        m = ExperienceManager(bank, None, ManagerConfig(merge_every=0))
+        await m.search("door locked", task="crl/T-v0")  # a training search: stats move, as before
+        stats = {e.id: (e.retrieve_count, e.last_retrieved) for e in bank.entries()}
+        rng = json.dumps(m.retriever.rng.bit_generator.state)
+        for _ in range(5):
+            await m.search("door locked", task="crl/T-v0", record=False)
+            await m.ask("which key?", task="crl/T-v0", record=False)
+        assert {e.id: (e.retrieve_count, e.last_retrieved) for e in bank.entries()} == stats
+        assert json.dumps(m.retriever.rng.bit_generator.state) == rng
+        first = [e.id for e in await m.search("door locked", task="crl/T-v0", record=False)]
+        assert first == [e.id for e in await m.search("door locked", task="crl/T-v0", record=False)]  # reproducible
+        await m.aclose()
+
+    asyncio.run(main())
+    bank.close()
