@@ -55,7 +55,7 @@ class EpisodeContext:
     sample: int = 0
     with_experience: bool = True
     distil: bool = True
-    oracle: Callable[[], Awaitable[str]] | None = None
+    oracle: Callable[..., Awaitable[str]] | None = None
     explore: float | None = None
     learning: bool = True
 

@@ -255,9 +255,10 @@ class PoolSlot:
         return await self.pool.step(self.slot, action)
 
     def oracle(self) -> Callable[[], Awaitable[str]]:
-        """The env's solver action for the current state, as the oracle agent's ``ctx.oracle``."""
-        async def act() -> str:
-            return await self.pool.call(self.slot, "oracle_action")
+        """The env's solver action for the current state, as the oracle agent's ``ctx.oracle`` (arguments go to
+        ``oracle_action``: a persistent-world solver takes ``memory=``)."""
+        async def act(*args: Any, **kwargs: Any) -> str:
+            return await self.pool.call(self.slot, "oracle_action", *args, **kwargs)
 
         return act
 
@@ -279,7 +280,7 @@ class CallableSlot:
         return self.env.step(action)
 
     def oracle(self) -> Callable[[], Awaitable[str]]:
-        async def act() -> str:
-            return self.env.unwrapped.oracle_action()
+        async def act(*args: Any, **kwargs: Any) -> str:
+            return self.env.unwrapped.oracle_action(*args, **kwargs)
 
         return act

@@ -9,6 +9,12 @@ Schema history:
   (1.1 records, keyed ``env_id#seed``, read as sample 0); ``run`` gains ``samples`` and
   ``trajectories``; each task gains ``samples`` and, when samples > 1, ``pass_at_k`` (the unbiased
   pass@k estimate over seeds, for k = 1, 2, 4, ... and k = samples) and ``seeds``.
+- 1.3: the experience track (``eval.run --stream N``, :mod:`eval.stream`). A stream run's summary gains
+  ``stream`` (per task the success curves over the stream with and without memory, per world the same,
+  and ``experience_gain`` ± ``experience_gain_se``) and ``run.stream``; its ``tasks`` count the
+  with-memory episodes only. Its episode records carry ``memory``, ``world`` and ``stream_index``, the
+  without-memory pass keyed as sample 1. Migration: nothing to do; 1.2 (and older) summaries have no
+  ``stream`` and read as before, and readers treat a missing ``stream`` as "not a stream run".
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ import gymnasium as gym
 
 from crl_agent.episode import Episode, episode_key
 
-SCHEMA_VERSION = "1.2"
-READABLE_SCHEMAS = ("1.0", "1.1", "1.2")
+SCHEMA_VERSION = "1.3"
+READABLE_SCHEMAS = ("1.0", "1.1", "1.2", "1.3")
 
 
 def git_sha() -> str | None:

@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="episode i of a task resets with seed S+i (default: 0)")
     p.add_argument("--samples", type=int, default=1,
                    help="episodes per seed, each with its own sampling seed (GRPO groups, pass@k; default: 1)")
+    p.add_argument("--stream", type=int, default=None, metavar="N",
+                   help="experience track: play N consecutive episodes in each persistent world (--episodes worlds, "
+                        "from world --seed) with memory, then the same seeds without; summary.json gains the "
+                        "experience gain (see eval/stream.py)")
     p.add_argument("--trajectories", choices=trajectories.MODES, default="text",
                    help="what trajectories.jsonl.gz keeps: text (what a person reads, default), full (adds token "
                         "ids and log-probs) or none")
@@ -276,6 +280,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     run_config["max_steps"] = args.max_steps
     run_config["max_episode_steps"] = {e: c["max_episode_steps"] for e, c in step_caps.items()}
+    if args.stream:  # the experience track: worlds (--episodes of them) played as streams, with and without memory
+        from eval.stream import run_streams
+
+        run_config["stream"] = args.stream
+        return await run_streams(args, env_ids, agent, out, done, identity, step_caps, run_config)
     wanted = {(e, args.seed + i, k): i for e in env_ids for i in range(args.episodes) for k in range(args.samples)}
     tasks = []
     for env_id in env_ids:
@@ -329,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--episodes must be at least 1")
     if args.samples < 1:
         parser.error("--samples must be at least 1")
+    if args.stream is not None and (args.stream < 1 or args.samples != 1):
+        parser.error("--stream must be at least 1, and takes no --samples")
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
     if args.max_steps is not None and args.max_steps < 1:

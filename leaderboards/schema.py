@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-SUPPORTED_SCHEMAS = ("1.0", "1.1", "1.2")
+SUPPORTED_SCHEMAS = ("1.0", "1.1", "1.2", "1.3")
 METADATA_FIELDS = {"name": str, "model": str, "agent": str, "date": str, "url": str, "verified": bool}
 TASK_FIELDS = {"episodes": int, "success": float, "success_se": float, "progress": float, "mean_actions": float,
                "errored": int, "version": int}

@@ -14,6 +14,8 @@ BUILTIN = {
     "oracle": "crl_agent.agents.oracle:OracleAgent",
     "llm": "crl_agent.agents.llm:LLMAgent",
     "crl": "crl_agent.agents.crl:CRLAgent",
+    "oracle-memory": "crl_agent.agents.notebook:RememberingOracleAgent",
+    "notebook": "crl_agent.agents.notebook:NotebookAgent",
 }
 
 __all__ = ["Agent", "Episode", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "parse_agent_args", "BUILTIN"]

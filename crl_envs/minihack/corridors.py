@@ -144,8 +144,9 @@ class MiniHackCorridorsEnv(MiniHackTextEnv):
 
     ## Observation Space
     The MiniHack observation (goal, messages, map, status, position, Objects, legend, actions)
-    with two lines after the goal: ``World: <id>`` and ``Corridors (numbered north to south):``
-    with what this episode has found of each (``unexplored``, ``dead end``, ``goes through``).
+    whose goal line names the world (``Goal: World 1000: reach the staircase ...``, also ``info["task"]``),
+    and a line after it, ``Corridors (numbered north to south):``, with what this episode has found
+    of each (``unexplored``, ``dead end``, ``goes through``).
     A discovery is also stated as a ``Note:`` sentence in the step that made it.
 
     ## Starting State
@@ -177,9 +178,7 @@ class MiniHackCorridorsEnv(MiniHackTextEnv):
             gym.register(_NLE_ID, entry_point="minihack.navigation:MiniHackNavigation",
                          kwargs={"des_file": make_layout(self.corridors, self.length, 0, 0).des()})
         super().__init__(task=_NLE_ID, objects=objects, render_mode=render_mode)
-        self._goal = (f"Reach the staircase down (>). Exactly one of the {self.corridors} dark corridors "
-                      "leading east from this room goes through to it; the others are dead ends.")
-        self._renderer.goal = self._goal
+        self._set_goal(0)
         self._reset_seed: int | None = None
         self._world = 0
         self._layout = make_layout(self.corridors, self.length, 0, 0)
@@ -187,6 +186,11 @@ class MiniHackCorridorsEnv(MiniHackTextEnv):
         self._facts: dict[str, Any] = {}
         self._note = ""
         self._des = ""
+
+    def _set_goal(self, world: int) -> None:
+        self._goal = (f"World {world}: reach the staircase down (>). Exactly one of the {self.corridors} dark "
+                      "corridors leading east from this room goes through to it; the others are dead ends.")
+        self._renderer.goal = self._goal
 
     # ------------------------------------------------------------------ env
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -199,6 +203,7 @@ class MiniHackCorridorsEnv(MiniHackTextEnv):
         else:
             world, episode = world_of(self._reset_seed), episode_of(self._reset_seed)
         self._world, self._facts, self._note = world, {"dead_ends": []}, ""
+        self._set_goal(world)
         self._layout = make_layout(self.corridors, self.length, world, episode)
         des = self._layout.des()
         if des != self._des:
@@ -253,7 +258,7 @@ class MiniHackCorridorsEnv(MiniHackTextEnv):
                 states.append(f"{i} dead end")
             else:
                 states.append(f"{i} unexplored")
-        lines = [f"World: {self._world}", "Corridors (numbered north to south): " + ", ".join(states) + "."]
+        lines = ["Corridors (numbered north to south): " + ", ".join(states) + "."]
         return lines + ([self._note] if self._note else [])
 
     def _render(self) -> str:
