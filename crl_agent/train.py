@@ -336,7 +336,7 @@ async def held_out_evaluation(cfg: TrainConfig, pool, setup: RunSetup, out: Path
     of the steps before, append the row to ``evals`` (and ``evals.jsonl``); its time is not training time."""
     t0 = time.perf_counter()
     await sync_bank(setup.agent, out, dist)
-    evals.append(await evaluate(cfg, pool, setup.agent, step, dist))
+    evals.append(await evaluate(cfg, pool, setup.agent, step, dist, record=out))
     if clock is not None:
         spent = time.perf_counter() - t0
         evals[-1].update(train_time_s=clock.trained_s() - spent, eval_time_s=spent)
@@ -504,21 +504,25 @@ async def update(sync, learner, samples, epochs: int = 1, weight: float | None =
     return metrics
 
 
-async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None) -> dict[str, Any]:
+async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None, record: Path | None = None) -> dict[str, Any]:
     """Held-out success with the pure policy (no exploration), with and without experience in crl and
     static modes: ``--eval-episodes`` seeds of each task, the mean over all of them (and each task's own
     under ``success/<task>`` when there are several). Held-out episodes are never distilled nor credited
-    to entries (``EpisodeContext.learning``).
+    to entries (``EpisodeContext.learning``). With ``record`` (the run folder) each half's episodes and
+    trajectories are kept in ``record/evals/step-NNNN/{without,with}_experience/`` (:mod:`crl_agent.train_evals`).
 
     Under torchrun each rank plays its share of the seeds and every rank gets the same row."""
     seeds = range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes)
     row: dict[str, Any] = {"step": step}
     for with_exp in ([False, True] if cfg.experience else [False]):
-        await _evaluate_half(cfg, pool, agent, seeds, with_exp, row, dist)
+        await _evaluate_half(cfg, pool, agent, seeds, with_exp, row, dist, record)
     return row
 
 
-async def _evaluate_half(cfg: TrainConfig, pool, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None) -> None:
+async def _evaluate_half(cfg: TrainConfig, pool, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None,
+                         record: Path | None = None) -> None:
+    from crl_agent.train_evals import episode_lines, eval_folder, write_eval
+
     tasks = cfg.task_ids
     todo = [(task, i) for task in tasks for i in range(len(seeds))]
     mine = dist.share(len(todo)) if dist is not None else range(len(todo))
@@ -528,6 +532,13 @@ async def _evaluate_half(cfg: TrainConfig, pool, agent, seeds: range, with_exp: 
     results = [(c.env_id, e.success, e.error is not None, e.actions) for c, e in zip(ctxs, eps, strict=True)]
     if dist is not None:
         results = [r for part in dist.gather(results) for r in part]
+    if record is not None:  # every rank gathers; rank 0 writes
+        lines = episode_lines(eps)
+        lines = [x for part in dist.gather(lines) for x in part] if dist is not None else lines
+        if dist is None or dist.main:
+            write_eval(eval_folder(record, row["step"], with_exp), lines,
+                       {"step": row["step"], "with_experience": with_exp, "mode": cfg.mode, "tasks": tasks,
+                        "seeds": [seeds.start, len(seeds)], "policy": "pure (no exploration)"})
     key, tag = ("with_experience", "_with_experience") if with_exp else ("success", "")
     for task in [None, *tasks] if len(tasks) > 1 else [None]:
         part = [r for r in results if task is None or r[0] == task]

@@ -138,7 +138,7 @@ def test_bad_inputs_give_clear_errors(runs, tmp_path, capsys):
     assert (other / "mine.txt").read_text() == "keep me"
     with pytest.raises(SystemExit):
         view_main([str(tmp_path / "missing"), "--out", str(tmp_path / "s")])
-    assert "summary.json: not found" in capsys.readouterr().err
+    assert "missing: not found (no such folder)" in capsys.readouterr().err
     out = tmp_path / "again"
     build_site(out, [runs["random"], runs["oracle"]])
     build_site(out, [runs["oracle"]])  # an earlier site is rebuilt whole, no stale run left

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from eval.report import agent_label, load_run_checked
+from eval.results import EpisodeLog, record_key
 from eval.trajectories import FILENAME as TRAJECTORIES
 from eval.trajectories import FULL_ONLY_TURN_FIELDS, load_trajectories
+from eval.view.incomplete import has_episodes_on_disk, tally_summary
 
 # Step fields the page shows in their own columns; the rest of a step's info is listed under "info".
 _SHOWN_INFO = {"admissible_actions", "valid_action", "success", "progress", "task"}
@@ -134,7 +136,7 @@ def action_list(traj: dict[str, Any] | None) -> list[str] | None:
 def slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary fields the run page shows (agent and run config are kept whole: they are small)."""
     keep = ("schema_version", "package_version", "git_sha", "created", "python", "agent", "run", "tasks", "macro",
-            "errors")
+            "errors", "incomplete", "train_eval")
     return jsonable({k: summary.get(k) for k in keep if k in summary})
 
 
@@ -171,23 +173,62 @@ def _seed(r: dict[str, Any]) -> int | str:
     return s if isinstance(s, int) and not isinstance(s, bool) else text(s)
 
 
+def _utf8_problems(path: Path) -> list[str]:
+    """A warning naming the file and line of each ``episodes.jsonl`` line that is not valid UTF-8 (the reader
+    replaces its bad bytes with U+FFFD, so the line is shown, but not as written)."""
+    out: list[str] = []
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return out
+    for n, line in enumerate(data.split(b"\n"), 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            out.append(f"{path}:{n}: not valid UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
+                       "its bad bytes are shown as \ufffd")
+    return out
+
+
+def _read_run(run_dir: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
+    """The summary (``None`` for a run without one: it is tallied later), the latest record of each episode,
+    and what could not be read."""
+    if (run_dir / "summary.json").exists():
+        return load_run_checked(run_dir)
+    if not run_dir.exists():
+        raise FileNotFoundError(f"{run_dir}: not found (no such folder)")
+    if not has_episodes_on_disk(run_dir):
+        raise FileNotFoundError(f"{run_dir}: no summary.json, episodes.jsonl or {TRAJECTORIES}; not a run folder "
+                                "of eval.run (or a trainer's run folder, or a folder of such runs)")
+    all_records, problems = EpisodeLog(run_dir / "episodes.jsonl").read()
+    latest: dict[str, dict[str, Any]] = {}
+    for r in all_records:
+        if isinstance(r, dict) and isinstance(r.get("env_id"), str) and "seed" in r:
+            r["key"] = record_key(r)
+            latest[r["key"]] = r
+    return None, list(latest.values()), problems
+
+
 def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunData:
     """Read one run folder (``summary.json``, ``episodes.jsonl``, optional trajectories) for the page.
 
-    What could not be read (a torn ``episodes.jsonl`` line, a cut-off trajectories file) is skipped and named
-    in ``RunData.warnings``; ``meta`` says whether ``episodes.jsonl`` is missing or empty and whether the
-    trajectories file is missing or was cut off, so the page can say why an episode has no steps.
+    A folder without ``summary.json`` (a run still going, or killed; a trainer's held-out evaluation) is read
+    from what is on disk: its summary is tallied from the episode records (:mod:`eval.view.incomplete`).
+    What could not be read (a torn or non-UTF-8 ``episodes.jsonl`` line, a cut-off trajectories file) is
+    skipped or shown replaced, and named in ``RunData.warnings``; ``meta`` says whether ``episodes.jsonl`` is
+    missing or empty, whether the trajectories file is missing or was cut off, and how many listed episodes
+    have no steps, so the page can count them and say why.
 
     Raises:
-        FileNotFoundError: ``run_dir`` has no ``summary.json``.
+        FileNotFoundError: ``run_dir`` has no ``summary.json`` and no episodes either.
         ValueError: the summary is not JSON or not a crl-bench summary (no ``tasks`` object).
     """
-    summary, records, problems = load_run_checked(run_dir)
+    summary, records, problems = _read_run(run_dir)
+    episodes_path, traj_path = run_dir / "episodes.jsonl", run_dir / TRAJECTORIES
+    problems += _utf8_problems(episodes_path)
     with warnings.catch_warnings(record=True) as caught:  # load_trajectories warns of a torn tail
         warnings.simplefilter("always")
         loaded = load_trajectories(run_dir)
-    problems += [str(w.message) for w in caught]
-    episodes_path, traj_path = run_dir / "episodes.jsonl", run_dir / TRAJECTORIES
     episodes_file = ("missing" if not episodes_path.exists() else
                      "empty" if not episodes_path.read_bytes().strip() else "present")
     traj_file = "missing" if not traj_path.exists() else "cut" if caught else "present"
@@ -201,13 +242,17 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
             by_key[(r["env_id"], _seed(r), _sample(r))] = r
     # A trajectory whose summary line is missing (a kill between the two writes) still counts as an episode,
     # if it is one the summary is about (load_run leaves out records of other seeds, and so does this).
-    run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
+    run = summary.get("run") if summary is not None and isinstance(summary.get("run"), dict) else {}
     first, count = run.get("seed"), run.get("episodes")
     for k, t in trajs.items():
-        in_run = k[0] in summary["tasks"] and (not isinstance(first, int) or not isinstance(count, int)
-                                                or (isinstance(k[1], int) and first <= k[1] < first + count))
+        in_run = summary is None or (k[0] in summary["tasks"] and (
+            not isinstance(first, int) or not isinstance(count, int)
+            or (isinstance(k[1], int) and first <= k[1] < first + count)))
         if k not in by_key and in_run and isinstance(t.get("summary"), dict):
             by_key[k] = {**t["summary"], "env_id": k[0], "seed": k[1], "sample": k[2]}
+    if summary is None:
+        agent = next((text(t.get("agent")) for t in trajs.values() if t.get("agent")), "")
+        summary = tally_summary(run_dir, list(by_key.values()), agent)
     tasks = list(summary["tasks"]) + sorted({k[0] for k in by_key} - set(summary["tasks"]))
     task_idx = {e: i for i, e in enumerate(tasks)}
 
@@ -227,6 +272,17 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
         data.payloads.append(episode_payload(traj) if traj else None)
         data.search.append(search_text(traj, r))
         data.actions.append(action_list(traj))
-    data.meta = {"trajectories": sum(p is not None for p in data.payloads), "episodes_file": episodes_file,
-                 "trajectories_file": traj_file}
+    with_steps = sum(p is not None for p in data.payloads)
+    no_steps = len(data.rows) - with_steps if traj_file != "missing" else 0
+    if caught:  # eval.trajectories' warning says only that one torn record was skipped: count what it cost
+        data.warnings.append(
+            f"{traj_path}: cut off (a killed run, or a copy cut short): {no_steps} of {len(data.rows)} episodes "
+            "have no steps. They cannot be restored from these files (`eval.run --resume` drops the torn end and "
+            "plays no episode that episodes.jsonl already records); to see their steps, play the run again into a "
+            "new folder with the same options (the same seeds give the same episodes)")
+    elif no_steps:
+        data.warnings.append(f"{traj_path}: holds no record of {no_steps} of the {len(data.rows)} episodes in "
+                             "episodes.jsonl, so they have no steps to show")
+    data.meta = {"trajectories": with_steps, "episodes_file": episodes_file, "trajectories_file": traj_file,
+                 "no_steps": no_steps}
     return data

@@ -9,6 +9,11 @@ Layout of ``OUT``::
     data/<run>/traj-N.js     steps of consecutive episodes, about CHUNK_BYTES each (loaded per episode)
     data/<run>/search-N.js   the search text of consecutive episodes (loaded on the first search)
     data/<run>/actions.js    every episode's actions (loaded by the compare view)
+    data/stamp.js            the build's id: a page built with --watch loads it again now and then, and reloads
+                             itself when a newer build has replaced the data
+
+A build writes its data into a new folder and then swaps it for ``data/``, so a page open while
+``python -m eval.view --watch`` rebuilds never reads half a build.
 
 Data files are scripts, not JSON fetched at run time, because ``fetch()`` fails on ``file://`` pages; each
 one calls ``CRLVIEW.put(key, JSON.parse("<the data as JSON>"))``. The data is a string literal handed to
@@ -20,7 +25,9 @@ end the script early (``</script>`` only matters inside an HTML page).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -28,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from eval.view.data import INDEX_FIELDS, STEP_FIELDS, RunData
+from eval.view.training import TrainingData
 
 CHUNK_BYTES = 256 * 1024
 SEARCH_CHUNK_BYTES = 2 * 1024 * 1024
 MARKER = ".crl-view-site"
 APP_SCRIPTS = ("core.js", "leaderboard.js", "run.js", "episodes.js", "steps.js", "episode.js", "compare.js",
-               "main.js")
+               "chart.js", "training.js", "main.js")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
        "connect-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'")
@@ -110,8 +118,7 @@ def prepare_out(out: Path) -> None:
             raise FileExistsError(f"{out}: exists and is not a folder; choose another --out")
         if any(out.iterdir()) and not (out / MARKER).exists():
             raise FileExistsError(f"{out}: not empty and not a crl-bench site; choose an empty or new --out folder")
-        for name in ("data", "assets"):
-            shutil.rmtree(out / name, ignore_errors=True)
+        shutil.rmtree(out / "assets", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("written by python -m eval.view; the whole folder is rewritten on the next build\n")
 
@@ -123,9 +130,9 @@ def _write(path: Path, content: str, sizes: list[int]) -> None:
     sizes.append(len(data))
 
 
-def write_run(out: Path, run: RunData, sizes: list[int]) -> dict[str, Any]:
-    """Write one run's data files; return its manifest entry."""
-    folder = out / "data" / run.id
+def write_run(data_dir: Path, run: RunData, sizes: list[int]) -> dict[str, Any]:
+    """Write one run's data files into ``data_dir``; return its manifest entry."""
+    folder = data_dir / run.id
     chunk_of: list[list[int] | None] = [None] * len(run.rows)
     serialised = [_to_json(p) if p else "null" for p in run.payloads]
     with_steps = [i for i, p in enumerate(run.payloads) if p is not None]
@@ -150,12 +157,17 @@ def write_run(out: Path, run: RunData, sizes: list[int]) -> dict[str, Any]:
         "search_starts": [g[0] for g in search_groups], "warnings": run.warnings,
         "episodes_file": run.meta.get("episodes_file", "present"),
         "trajectories_file": run.meta.get("trajectories_file", "present"),
+        "no_steps": run.meta.get("no_steps", 0), "training": run.meta.get("training"),
     }
 
 
 def write_site(out: Path, runs: list[RunData], leaderboard: dict[str, Any] | None = None,
-               title: str = "crl-bench results") -> SiteStats:
-    """Write a complete site for ``runs`` (and a leaderboard) into ``out``; returns its size.
+               title: str = "crl-bench results", trainings: list[TrainingData] | None = None,
+               problems: list[str] | None = None, watch: float = 0.0) -> SiteStats:
+    """Write a complete site for ``runs`` and ``trainings`` (and a leaderboard) into ``out``; returns its size.
+
+    ``problems``: what the build left out (folders that are not runs, runs that could not be read), listed on the
+    start page. ``watch``: seconds between the page's checks for a newer build (0: none).
 
     Raises:
         FileExistsError: ``out`` holds something other than an earlier site.
@@ -167,12 +179,24 @@ def write_site(out: Path, runs: list[RunData], leaderboard: dict[str, Any] | Non
     for name in ("view.css", *APP_SCRIPTS):
         content = (assets / name).read_text(encoding="utf-8")
         _write(out / "assets" / name, content, sizes)
+    next_data = out / ".data-next"
+    shutil.rmtree(next_data, ignore_errors=True)
+    stamp = f"{time.time_ns()}"
+    problems = list(problems or [])
     manifest = {
         "title": title, "step_fields": STEP_FIELDS, "leaderboard": leaderboard,
-        "runs": [write_run(out, r, sizes) for r in runs],
+        "runs": [write_run(next_data, r, sizes) for r in runs],
+        "trainings": [t.manifest() for t in trainings or []], "problems": problems, "watch": watch, "stamp": stamp,
     }
-    _write(out / "data" / "site.js", _script("site", manifest), sizes)
+    _write(next_data / "site.js", _script("site", manifest), sizes)
+    _write(next_data / "stamp.js", f"CRLVIEW.stamp({json.dumps(stamp)});\n", sizes)
+    old = out / ".data-old"
+    shutil.rmtree(old, ignore_errors=True)
+    if (out / "data").exists():
+        os.replace(out / "data", old)
+    os.replace(next_data, out / "data")
+    shutil.rmtree(old, ignore_errors=True)
     scripts = "\n".join(f'<script src="assets/{s}"></script>' for s in APP_SCRIPTS if s != "core.js")
     _write(out / "index.html", INDEX_HTML.format(csp=CSP, title=_html_escape(title), scripts=scripts), sizes)
     return SiteStats(files=len(sizes), bytes=sum(sizes), largest=max(sizes),
-                     warnings=[w for r in runs for w in r.warnings])
+                     warnings=problems + [w for r in runs for w in r.warnings])

@@ -210,6 +210,15 @@
       V.el("ul", null, w.slice(0, 50).map(function (x) { return V.el("li", null, V.el("code", null, String(x))); }),
         w.length > 50 ? V.el("li", null, "… and " + (w.length - 50) + " more (the build printed them all)") : null));
   };
+  // What the build left out (folders that are not runs, runs that could not be read), as a box; null if nothing.
+  V.problemsBox = function (problems) {
+    const w = problems || [];
+    if (!w.length) return null;
+    return V.el("div", { className: "warnings", id: "build-problems", role: "note" },
+      V.el("b", null, "Left out of this site: " + w.length + (w.length === 1 ? " folder or run" : " folders or runs")),
+      V.el("ul", null, w.map(function (x) { return V.el("li", null, V.el("code", null, String(x))); })));
+  };
+  V.stamp = function () {}; // data/stamp.js calls it; main.js watches for a newer build where the site asks
   // A wide table in a box of its own that scrolls sideways, its first column kept in view (CSS: .table-scroll).
   V.scrollTable = function (table, id) {
     return V.el("div", { className: "table-scroll", id: id }, table);

@@ -32,8 +32,8 @@
     const run = V.run(params.get("run"));
     const env = params.get("task") || "", seed = params.get("seed"), sample = params.get("sample") || "0";
     let q = (params.get("q") || "").trim();
-    V.setCrumbs([{ text: run.label, href: V.link("run", { run: run.id }) },
-      { text: "Episodes", href: V.link("episodes", { run: run.id, q: q }) }, { text: V.shortTask(env) + " #" + seed }]);
+    V.setCrumbs(V.runCrumbs(run, true).concat([{ text: "Episodes", href: V.link("episodes", { run: run.id, q: q }) },
+      { text: V.shortTask(env) + " #" + seed }]));
     return V.index(run).then(function (idx) {
       const ep = V.findEpisode(idx, env, seed, sample);
       if (!ep) throw new Error("Run " + run.label + " has no episode " + env + " seed " + seed + " sample " + sample + ".");

@@ -26,7 +26,7 @@
 
   V.pages.episodes = function (params, root, current) {
     const run = V.run(params.get("run"));
-    V.setCrumbs([{ text: run.label, href: V.link("run", { run: run.id }) }, { text: "Episodes" }]);
+    V.setCrumbs(V.runCrumbs(run, true).concat([{ text: "Episodes" }]));
     document.title = "Episodes · " + run.label;
     if (!run.episodes) {
       root.appendChild(V.el("h1", null, "Episodes of " + run.label));

@@ -6,39 +6,64 @@
   let renderId = 0;
 
   function home() {
-    const site = V.site();
+    const site = V.site(), plain = site.runs.filter(function (r) { return !r.training; }), ts = site.trainings || [];
     if (site.leaderboard) return "leaderboard";
-    return site.runs.length === 1 ? "run" : "runs";
+    if (ts.length) return ts.length === 1 && !plain.length ? "training" : "trainings";
+    return plain.length === 1 ? "run" : "runs";
   }
 
   V.pages.runs = function (params, root) {
-    const site = V.site();
+    const site = V.site(), runs = site.runs.filter(function (r) { return !r.training; }), ts = site.trainings || [];
     V.setCrumbs([{ text: "Runs" }]);
     document.title = site.title;
     root.appendChild(V.el("h1", null, site.title));
-    const table = V.el("table", { className: "grid" },
-      V.el("thead", null, V.el("tr", null, ["run", "agent", "episodes", "with steps", "macro success %", "folder"]
+    V.append(root, V.problemsBox(site.problems));
+    if (ts.length) root.appendChild(V.el("p", null, V.el("a", { className: "button", href: V.link("trainings", {}) }, "Training runs (" + ts.length + ")")));
+    // macro success right after the name: on a phone it is the number on screen without scrolling sideways
+    const table = V.el("table", { className: "grid runs" },
+      V.el("thead", null, V.el("tr", null, ["run", "macro success %", "episodes", "with steps", "agent", "folder"]
         .map(function (h) { return V.el("th", null, h); }))));
     const body = V.el("tbody");
-    for (const r of site.runs) {
+    for (const r of runs) {
       const m = r.summary.macro || {};
       body.appendChild(V.el("tr", null,
-        V.el("td", null, V.el("a", { href: V.link("run", { run: r.id }) }, r.label)),
-        V.el("td", null, (r.summary.agent || {}).name || "?"), V.el("td", { className: "num" }, r.episodes),
-        V.el("td", { className: "num" }, r.trajectories),
-        V.el("td", { className: "num" }, V.pct(m.success) + " ± " + V.pct(m.success_se)),
+        V.el("td", { className: "run-name" }, V.el("a", { href: V.link("run", { run: r.id }), title: r.label }, r.label),
+          r.summary.incomplete ? [" ", V.el("span", { className: "badge incomplete" }, "incomplete")] : null),
+        V.el("td", { className: "num macro-success" }, V.pct(m.success) + " ± " + V.pct(m.success_se)),
+        V.el("td", { className: "num" }, r.episodes),
+        V.el("td", { className: "num" }, r.trajectories + (r.no_steps ? " (" + r.no_steps + " without)" : "")),
+        V.el("td", null, (r.summary.agent || {}).name || "?"),
         V.el("td", { className: "path" }, r.folder)));
     }
     table.appendChild(body);
-    root.appendChild(V.scrollTable(table));
-    if (site.runs.length > 1) root.appendChild(V.el("p", null, V.el("a", { href: V.link("compare", {}) }, "Compare two runs side by side")));
+    root.appendChild(V.scrollTable(table, "runs-table"));
+    if (runs.length > 1) root.appendChild(V.el("p", null, V.el("a", { href: V.link("compare", {}) }, "Compare two runs side by side")));
   };
+
+  // Poll for a newer build (python -m eval.view --watch): load data/stamp.js again now and then and reload the
+  // page, address kept, once it names another build. (A <script> is the one way to read a file on file://.)
+  if (V.site() && V.site().watch > 0) {
+    let n = 0;
+    V.stamp = function (s) {
+      if (s === V.site().stamp) return;
+      try { sessionStorage.setItem("crlview-scroll", String(window.scrollY)); } catch (e) { /* storage off: top */ }
+      location.reload();
+    };
+    setInterval(function () {
+      const tag = document.createElement("script");
+      tag.src = "data/stamp.js?" + (++n);
+      tag.onload = tag.onerror = function () { tag.remove(); };
+      document.head.appendChild(tag);
+    }, Math.max(500, 1000 * V.site().watch));
+    V.watching = true;
+  }
 
   function render() {
     const id = ++renderId;
     const r = V.route();
     const page = r.page || home();
     if (page === "run" && !r.params.get("run") && V.site().runs.length) r.params.set("run", V.site().runs[0].id);
+    if (page === "training" && !r.params.get("t") && (V.site().trainings || []).length) r.params.set("t", V.site().trainings[0].id);
     const fn = V.pages[page];
     V.onKey = null;
     V.setCrumbs([]); // each page sets its own; none may outlive the page that set them
@@ -50,6 +75,11 @@
     try { result = fn(r.params, root, function () { return id === renderId; }); }
     catch (e) { showError(root, e); return; }
     if (result && result.catch) result.catch(function (e) { if (id === renderId) showError(root, e); });
+    let y = null;
+    try { y = sessionStorage.getItem("crlview-scroll"); sessionStorage.removeItem("crlview-scroll"); } catch (e) { y = null; }
+    if (y !== null) { // where the page was before a --watch reload
+      Promise.resolve(result).then(function () { window.scrollTo(0, Number(y)); });
+    }
   }
   // An error replaces whatever the page had drawn, crumbs included: they would name what failed to open.
   function showError(root, e) {

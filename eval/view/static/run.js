@@ -27,12 +27,24 @@
   V.pages.run = function (params, root) {
     const run = V.run(params.get("run"));
     const s = run.summary, m = s.macro || {};
-    V.setCrumbs([{ text: run.label }]);
+    V.setCrumbs(V.runCrumbs(run));
     document.title = run.label + " · crl-bench";
-    root.appendChild(V.el("h1", null, run.label));
+    root.appendChild(V.el("h1", null, run.label, s.incomplete ? [" ", V.el("span", { className: "badge incomplete" }, "incomplete")] : null));
+    if (s.incomplete) {
+      root.appendChild(V.el("p", { className: "warnings", id: "incomplete-note", role: "note" }, "Incomplete: this run has no summary.json " +
+        "(it is still running, or was stopped before its end). What is here is tallied from the " + s.incomplete.episodes +
+        (s.incomplete.episodes === 1 ? " episode" : " episodes") + " on disk, over " + s.incomplete.tasks + (s.incomplete.tasks === 1 ? " task" : " tasks") +
+        "; the number it was to play is not on disk. `python -m eval.run ... --resume` with the same options finishes it and writes the summary."));
+    }
+    if (s.train_eval) {
+      const te = s.train_eval;
+      root.appendChild(V.el("p", { className: "note", id: "train-eval-note" }, "A held-out evaluation of a training run at step " + te.step +
+        (te.mode !== "grpo" ? (te.with_experience ? ", with" : ", without") + " test-time experience" : "") + ": the " + (te.policy || "policy") +
+        " on seeds " + (te.seeds ? te.seeds[0] + "–" + (te.seeds[0] + te.seeds[1] - 1) : "?") + " of " + (te.tasks || []).join(", ") + "."));
+    }
     const agent = s.agent || {};
     root.appendChild(V.el("p", { className: "meta" }, "agent " + (agent.name || "?") + (model(s) ? " · model " + model(s) : "") +
-      " · created " + (s.created || "?") + " · git " + (s.git_sha || "n/a") + " · summary schema " + (s.schema_version || "?")));
+      (s.schema_version ? " · created " + (s.created || "?") + " · git " + (s.git_sha || "n/a") + " · summary schema " + s.schema_version : "")));
     V.append(root, V.warningsBox(run));
     // A summary-only run (a leaderboard submission of summary.json alone) offers no lists it could not fill.
     root.appendChild(run.episodes ? V.el("p", { className: "actions" },
