@@ -137,17 +137,23 @@ async def run_task(task: TaskRun, agent: Agent, recorder: RunRecorder) -> list[d
     bar = tqdm(total=len(task.episodes), desc=env_id, disable=task.quiet, unit="ep", leave=True,
                position=task.position, bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
     records: list[dict[str, Any]] = []
-    moved: dict[str, float] = {}  # per episode: how far its steps moved the bar
+    moved: dict[str, float] = {}  # per episode in flight: how far its steps moved the bar (at most 0.95)
+
+    def show() -> None:
+        # The bar is set from exact counts, never summed from fractions: a sum of 1/cap steps drifts past the
+        # total (tqdm then warns "clamping frac" and shows a negative time left, "<-00:00").
+        bar.n = min(float(len(task.episodes)), len(records) + sum(moved.values()))
+        bar.update(0)  # redraws when due
 
     def on_step(ctx: EpisodeContext, _step) -> None:
         key = episode_key(ctx.env_id, ctx.seed, ctx.sample)
-        if moved.get(key, 0.0) < 0.95:
-            bar.update(1.0 / cap)
-            moved[key] = moved.get(key, 0.0) + 1.0 / cap
+        moved[key] = min(0.95, moved.get(key, 0.0) + 1.0 / cap)
+        show()
 
     def on_end(ctx: EpisodeContext, episode: Episode) -> None:
         records.append(recorder.record(episode, **task.record_fields))
-        bar.update(1.0 - moved.pop(episode.key, 0.0))
+        moved.pop(episode.key, None)
+        show()
         bar.set_postfix(success=f"{sum(r['success'] for r in records) / len(records):.2f}")
 
     contexts = [EpisodeContext(env_id, seed, index, sample=sample) for index, seed, sample in task.episodes]
