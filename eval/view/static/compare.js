@@ -171,7 +171,10 @@
           return tl;
         });
         const modeBtn = V.modeButton(function () { return mode; }, function () { mode = mode === "compact" ? "full" : "compact"; draw(); });
-        const bar = V.el("div", { className: "stepbar compare-bar" }, V.el("div", { className: "tl-rows" }, lines), V.el("div", { className: "tools" }, modeBtn.el));
+        const bar = V.el("div", { className: "stepbar compare-bar" }, V.el("div", { className: "tl-rows" }, lines), V.el("div", { className: "tools" },
+          V.el("button", { type: "button", id: "step-prev", title: "previous step (k)", onclick: function () { select(cur < 0 ? 0 : cur - 1, true); } }, "◀ step"),
+          V.el("button", { type: "button", id: "step-next", title: "next step (j)", onclick: function () { select(cur + 1, true); } }, "step ▶"),
+          modeBtn.el));
         const rows = V.el("div", { className: "cmp-rows" });
         root.appendChild(bar);
         root.appendChild(rows);

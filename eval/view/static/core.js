@@ -67,8 +67,27 @@
     return out;
   };
   // Text as nodes with [start, end, kind] ranges wrapped: "hit" in <mark class=hit>, "chg" in <span class=chg>.
+  // Characters that change how text around them is shown while being invisible themselves (bidi overrides and
+  // isolates, which can show "gnp.exe" as "exe.png"; zero-width spaces and joiners; the BOM; soft hyphens) are
+  // shown as visible tags such as ‹U+202E›, so an observation or an action reads as what it is.
+  V.CONTROLS = /[\u00AD\u061C\u180E\u200B-\u200F\u202A-\u202E\u2060-\u2064\u2066-\u2069\uFEFF]/g;
+  V.visible = function (text) {
+    V.CONTROLS.lastIndex = 0;
+    if (!V.CONTROLS.test(text)) return [text];
+    const out = [];
+    let at = 0;
+    V.CONTROLS.lastIndex = 0;
+    for (let m = V.CONTROLS.exec(text); m; m = V.CONTROLS.exec(text)) {
+      if (m.index > at) out.push(text.slice(at, m.index));
+      const code = "U+" + m[0].charCodeAt(0).toString(16).toUpperCase().padStart(4, "0");
+      out.push(V.el("span", { className: "ctl", title: "an invisible control character, " + code + ", shown as a tag" }, "‹" + code + "›"));
+      at = m.index + 1;
+    }
+    if (at < text.length) out.push(text.slice(at));
+    return out;
+  };
   V.decorate = function (text, ranges) {
-    if (!ranges.length) return [text];
+    if (!ranges.length) return V.visible(text);
     const points = [0, text.length];
     for (const r of ranges) points.push(r[0], r[1]);
     const cuts = Array.from(new Set(points)).sort(function (a, b) { return a - b; });
@@ -77,7 +96,8 @@
       const a = cuts[i], b = cuts[i + 1], piece = text.slice(a, b);
       let hit = false, chg = false;
       for (const r of ranges) if (r[0] <= a && b <= r[1]) { if (r[2] === "hit") hit = true; else chg = true; }
-      out.push(hit ? V.el("mark", { className: "hit" + (chg ? " chg" : "") }, piece) : chg ? V.el("span", { className: "chg" }, piece) : piece);
+      const shown = V.visible(piece);
+      out.push(hit ? V.el("mark", { className: "hit" + (chg ? " chg" : "") }, shown) : chg ? V.el("span", { className: "chg" }, shown) : shown);
     }
     return out;
   };
@@ -94,11 +114,30 @@
     const attrs = { className: className || "text" };
     if (text.length <= V.SHOW_CHARS) return V.marked("pre", attrs, text, q);
     const p = V.marked("pre", attrs, text.slice(0, V.SHOW_CHARS), q);
+    // Matches past the cut are shown in excerpts of their own, so every match is on the page (n / N reach it).
+    const later = V.findAll(text, q).filter(function (h) { return h[1] > V.SHOW_CHARS; });
+    const windows = [];
+    for (const h of later) {
+      const a = Math.max(V.SHOW_CHARS, h[0] - V.EXCERPT), b = Math.min(text.length, h[1] + V.EXCERPT), last = windows[windows.length - 1];
+      if (last && a <= last[1]) last[1] = Math.max(last[1], b); else windows.push([a, b]);
+    }
+    const excerpts = windows.map(function (w) {
+      const ranges = later.filter(function (h) { return h[0] < w[1] && h[1] > w[0]; })
+        .map(function (h) { return [Math.max(h[0], w[0]) - w[0], Math.min(h[1], w[1]) - w[0], "hit"]; });
+      return V.el("div", { className: "excerpt" }, V.el("div", { className: "note" }, "… characters " + (w[0] + 1).toLocaleString() + "–" +
+        w[1].toLocaleString() + " of " + text.length.toLocaleString() + " (a match):"), V.el("pre", attrs, V.decorate(text.slice(w[0], w[1]), ranges)));
+    });
     const more = V.el("button", { type: "button", className: "more" },
       "show all " + text.length.toLocaleString() + " characters");
-    more.addEventListener("click", function () { p.textContent = ""; V.append(p, V.decorate(text, V.findAll(text, q))); more.remove(); });
-    return V.el("div", null, p, more);
+    const box = V.el("div", null, p, excerpts, more);
+    more.addEventListener("click", function () {
+      p.textContent = ""; V.append(p, V.decorate(text, V.findAll(text, q)));
+      for (const x of box.querySelectorAll(".excerpt")) x.remove();
+      more.remove();
+    });
+    return box;
   };
+  V.EXCERPT = 300; // characters shown either side of a match past the cut
 
   // Collapsed <details> whose body is built only when first opened (messages can be large).
   // open: built and opened at once (it holds a search match nothing else on the page shows).

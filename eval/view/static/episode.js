@@ -18,9 +18,10 @@
   // Why an episode has no steps to show: none recorded, or lost where the trajectories file was cut off.
   V.noTrajectory = function (run) {
     if (run.trajectories_file === "cut") {
-      return "This episode's trajectory is lost: the run's trajectories.jsonl.gz was cut off (a killed run, or a copy cut short) " +
-        "before its record, so its steps cannot be shown; `python -m eval.run ... --resume` repairs the file. " +
-        "Its summary is all there is.";
+      return "This episode's steps are lost: the run's trajectories.jsonl.gz was cut off (a killed run, or a copy cut short) " +
+        "before its record. They cannot be restored from the run's files: `python -m eval.run ... --resume` drops the torn end " +
+        "and plays no episode that episodes.jsonl already records. To see them, play the run again into a new folder with the " +
+        "same options (the same seeds give the same episodes). Its summary is all there is here.";
     }
     if (run.trajectories_file === "present") {
       return "The run's trajectories.jsonl.gz holds no record of this episode (it was recorded in episodes.jsonl only), so its summary is all there is.";
@@ -80,7 +81,12 @@
     const find = V.el("input", { id: "ep-find", type: "search", placeholder: "find in this episode (f)", "aria-label": "find in this episode" });
     find.value = q;
     const hitCount = V.el("span", { id: "hit-count", className: "note", "aria-live": "polite" });
-    const bar = V.el("div", { className: "stepbar" }, tl.el, V.el("div", { className: "tools" }, modeBtn.el, find, hitCount));
+    // the keys' moves as buttons too (a phone has no j/k/n/N)
+    const stepBtns = [V.el("button", { type: "button", id: "step-prev", title: "previous step (k)", onclick: function () { select(cur < 0 ? 0 : cur - 1, true); } }, "◀ step"),
+      V.el("button", { type: "button", id: "step-next", title: "next step (j)", onclick: function () { select(cur + 1, true); } }, "step ▶")];
+    const hitBtns = [V.el("button", { type: "button", id: "match-prev", title: "previous match (N)", onclick: function () { nextHit(-1); } }, "◀ match"),
+      V.el("button", { type: "button", id: "match-next", title: "next match (n)", onclick: function () { nextHit(1); } }, "match ▶")];
+    const bar = V.el("div", { className: "stepbar" }, tl.el, V.el("div", { className: "tools" }, stepBtns, modeBtn.el, find, hitBtns, hitCount));
     const list = V.el("div", { className: "steps" });
     root.appendChild(bar);
     root.appendChild(list);
@@ -113,6 +119,7 @@
       }
       tl.setHits(withHits);
       hitCount.textContent = !q ? "" : hits.length ? hits.length + (hits.length >= V.MAX_HITS ? "+" : "") + " matches (n / N)" : "no match";
+      for (const b of hitBtns) b.hidden = !hits.length;
       if (cur >= 0) { const t = cur; cur = -1; select(t, false); }
       V.stickyOffset(bar);
     }

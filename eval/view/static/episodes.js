@@ -24,6 +24,33 @@
     return out.sort(function (a, b) { return sign * (key(a) - key(b)) || (f.sort ? a.i - b.i : 0); });
   };
 
+  // The episode list's columns, in order: the episode's name, then what matters most (outcome, reward); a
+  // column whose value is the same on every episode of the run (sample 0, no tokens) is left out.
+  V.episodeColumns = function (episodes, run) {
+    const all = [
+      { name: "task", min: 7, fr: 2.4, cell: function (e) { return V.el("span", { title: e.env }, V.shortTask(e.env)); }, keep: true },
+      { name: "seed", min: 3, fr: 0.8, cell: function (e) { return V.el("span", null, e.seed); }, keep: true },
+      { name: "sample", min: 4.6, fr: 0.6, value: function (e) { return e.sample; } },
+      { name: "outcome", min: 6, fr: 1, keep: true, cell: function (e) {
+        return V.el("span", null, V.outcomeBadge(e.outcome), e.has_steps || run.trajectories_file === "missing" ? null
+          : V.el("span", { className: "badge no-steps", title: "this episode's steps are not in the run's trajectories file" }, "no steps"));
+      } },
+      { name: "reward", min: 4.2, fr: 0.8, value: function (e) { return e.reward; } },
+      { name: "progress", min: 5, fr: 0.8, value: function (e) { return e.progress; } },
+      { name: "actions", min: 4.4, fr: 0.8, value: function (e) { return e.actions; } },
+      { name: "invalid", min: 4, fr: 0.7, value: function (e) { return e.invalid; } },
+      { name: "tokens out", min: 6, fr: 0.9, value: function (e) { return e.tokens_out; }, digits: 0 },
+    ];
+    const lost = episodes.some(function (e) { return !e.has_steps; }) && run.trajectories_file !== "missing";
+    return all.filter(function (c) {
+      return c.keep || new Set(episodes.map(c.value)).size > 1;
+    }).map(function (c) {
+      if (c.name === "outcome" && lost) c.min = 10.5;
+      if (!c.cell) c.cell = function (e) { return V.el("span", null, V.fmt(c.value(e), c.digits)); };
+      return c;
+    });
+  };
+
   V.pages.episodes = function (params, root, current) {
     const run = V.run(params.get("run"));
     V.setCrumbs(V.runCrumbs(run, true).concat([{ text: "Episodes" }]));
@@ -52,13 +79,15 @@
       V.el("label", null, "sort ", sortSel, dirSel), search));
     const count = V.el("p", { id: "count", className: "note", "aria-live": "polite" }, "Loading…");
     root.appendChild(count);
-    const head = V.el("div", { className: "vhead" }, ["task", "seed", "sample", "outcome", "progress", "reward", "actions", "invalid", "tokens out"]
-      .map(function (h) { return V.el("span", null, h); }));
     // The head lives inside the list (sticky at its top) so head and rows share one width and scroll sideways
-    // together on a narrow screen; the list is as tall as its rows, up to what the window leaves.
+    // together on a narrow screen; the list is as tall as its rows, up to what the window leaves. Its columns are
+    // set once the index is in (columnsFor): the outcome and reward first after the episode's name, so a phone shows
+    // them, and no column whose value is the same on every episode.
+    const head = V.el("div", { className: "vhead" });
     const spacer = V.el("div", { className: "vspacer" });
     const list = V.el("div", { id: "episode-list", className: "vlist", tabindex: "0" }, head, spacer);
     root.appendChild(list);
+    let cols = [];
 
     let idx = null, shown = [], texts = null, cursor = 0, drawn = Object.create(null);
 
@@ -66,10 +95,10 @@
       return V.link("episode", { run: run.id, task: e.env, seed: e.seed, sample: e.sample, q: f.q.trim() });
     }
     function rowEl(e, pos) {
-      const a = V.el("a", { className: "vrow " + e.outcome + (pos === cursor ? " cursor" : ""), href: href(e), dataset: { pos: pos } },
-        V.el("span", { title: e.env }, V.shortTask(e.env)), V.el("span", null, e.seed), V.el("span", null, e.sample),
-        V.el("span", null, V.outcomeBadge(e.outcome)), V.el("span", null, V.fmt(e.progress)), V.el("span", null, V.fmt(e.reward)),
-        V.el("span", null, V.fmt(e.actions)), V.el("span", null, V.fmt(e.invalid)), V.el("span", null, V.fmt(e.tokens_out, 0)));
+      const a = V.el("a", { className: "vrow " + e.outcome + (e.has_steps ? "" : " no-steps") + (pos === cursor ? " cursor" : ""), href: href(e), dataset: { pos: pos } },
+        cols.map(function (c) { return c.cell(e); }));
+      a.style.gridTemplateColumns = head.style.gridTemplateColumns;
+      a.style.minWidth = head.style.minWidth;
       if (e.error) a.title = e.error;
       a.style.transform = "translateY(" + pos * ROW + "px)";
       return a;
@@ -108,7 +137,10 @@
       shown = V.filterEpisodes(idx.episodes, f, texts);
       V.lastList = { run: run.id, order: shown.map(function (e) { return e.i; }), q: f.q.trim() };
       cursor = Math.min(cursor, Math.max(0, shown.length - 1));
-      count.textContent = shown.length + " of " + idx.episodes.length + " episodes" + (f.q.trim() ? " containing " + JSON.stringify(f.q.trim()) : "");
+      const lost = shown.filter(function (e) { return !e.has_steps; }).length;
+      count.textContent = shown.length + " of " + idx.episodes.length + " episodes" + (f.q.trim() ? " containing " + JSON.stringify(f.q.trim()) : "") +
+        (lost && run.trajectories_file !== "missing" ? " · " + lost + " without their steps (marked “no steps”: " +
+          (run.trajectories_file === "cut" ? "the trajectories file was cut off" : "no trajectory recorded") + ")" : "");
       list.scrollTop = 0;
       redraw();
       return null;
@@ -144,6 +176,10 @@
     return V.index(run).then(function (i) {
       if (!current()) return null;
       idx = i;
+      cols = V.episodeColumns(idx.episodes, run);
+      V.append(head, cols.map(function (c) { return V.el("span", { title: c.title }, c.name); }));
+      head.style.gridTemplateColumns = cols.map(function (c) { return "minmax(" + c.min + "em, " + c.fr + "fr)"; }).join(" ");
+      head.style.minWidth = "calc(" + cols.reduce(function (n, c) { return n + c.min; }, 0) + "em + " + (8 * cols.length + 8) + "px)";
       const r = apply();
       if (params.get("focus")) search.focus();
       return r;

@@ -15,10 +15,11 @@
         if (/^https?:\/\//i.test(e.url || "")) cell.push(" ", V.el("a", { href: e.url, rel: "noopener noreferrer", className: "ext" }, "source"));
         return cell;
       }],
+      // the success right after the name: on a phone it is in view beside the frozen rank and name
+      ["macro success %", function (e) { return e.success; }, function (e) { return V.pct(e.success) + " ± " + V.pct(e.success_se); }, null, "success"],
       ["agent", function (e) { return e.agent; }, function (e) { return e.agent; }],
       ["model", function (e) { return e.model; }, function (e) { return V.el("span", { className: "lb-model", title: e.model }, e.model); }],
       ["step cap", function (e) { return e.step_cap === null ? Infinity : e.step_cap; }, function (e) { return e.step_cap === null ? "env" : e.step_cap; }],
-      ["macro success %", function (e) { return e.success; }, function (e) { return V.pct(e.success) + " ± " + V.pct(e.success_se); }],
       ["progress %", function (e) { return e.progress; }, function (e) { return V.pct(e.progress); }],
     ];
     for (const env of group.tasks) {
@@ -82,7 +83,7 @@
           return th;
         }));
         const body = V.el("tbody", null, entries.map(function (e) {
-          return V.el("tr", { className: "entry", dataset: { agent: e.agent } }, cols.map(function (c) { return V.el("td", null, c[2](e)); }));
+          return V.el("tr", { className: "entry", dataset: { agent: e.agent } }, cols.map(function (c) { return V.el("td", { className: c[4] }, c[2](e)); }));
         }));
         tables.appendChild(V.el("section", { className: "board" }, V.el("h2", null, g.name),
           entries.length ? V.el("table", { className: "grid leaderboard" }, V.el("thead", null, head), body)

@@ -262,9 +262,19 @@
     // that wraps on a narrow screen wraps into rows of equal marks.
     strip.style.setProperty("--n", String(Math.max(steps.length, slots || 0, 1)));
     strip.addEventListener("click", function (e) {
-      const m = e.target.closest && e.target.closest(".mark");
+      const m = (e.target.closest && e.target.closest(".mark:not(.pad)")) || nearest(e.clientX, e.clientY);
       if (m) pick(Number(m.dataset.t));
     });
+    // The mark under a point of the strip (a phone taps the strip as a whole: its marks are too narrow to hit).
+    function nearest(x, y) {
+      let best = null, score = Infinity;
+      for (const m of marks) {
+        const r = m.getBoundingClientRect();
+        const dy = y < r.top ? r.top - y : y > r.bottom ? y - r.bottom : 0, dx = Math.abs((r.left + r.right) / 2 - x);
+        if (dy * 1000 + dx < score) { score = dy * 1000 + dx; best = m; }
+      }
+      return best;
+    }
     const kinds = Array.from(new Set(marks.map(function (m) { return m.dataset.kind; })));
     const legend = V.el("div", { className: "tl-legend" }, kinds.map(function (k) {
       return V.el("span", null, V.el("span", { className: "swatch " + k }), KIND_WORDS[k]);
