@@ -56,7 +56,8 @@ def _groups(subs: list[dict]) -> dict[str, list[dict]]:
 def render(subs: list[dict]) -> str:
     lines = ["# crl-bench leaderboards", "",
              "Built by `python -m leaderboards.build` from `leaderboards/submissions/`. " + NOTE, ""]
-    for name, entries in _groups(subs).items():
+    lines += render_experience_track([s for s in subs if "stream" in s["summary"]])
+    for name, entries in _groups([s for s in subs if "stream" not in s["summary"]]).items():
         env_ids = sorted({e for s in entries for e in s["summary"]["tasks"]})
         lines += [f"## {name}", ""]
         header = ["rank", "name", "agent", "model", "step cap", "macro success %", "macro progress %"] + env_ids + ["verified", "date"]
@@ -75,6 +76,40 @@ def render(subs: list[dict]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+EXPERIENCE_NOTE = ("Runs of `eval.run --stream N` on held-out worlds (README: The experience track). Ranked by the "
+                   "macro **experience gain**: success over the last half of each world's stream with memory minus "
+                   "without, same seeds, ± standard error over worlds; per task `gain (with / without memory)`.")
+
+
+def render_experience_track(entries: list[dict]) -> list[str]:
+    """The experience track's table (stream runs), best macro experience gain first."""
+    if not entries:
+        return []
+
+    def gain(s: dict) -> float:
+        x = s["summary"]["stream"]["macro"]["experience_gain"]
+        return -x if x == x else float("inf")
+
+    entries = sorted(entries, key=gain)
+    env_ids = sorted({e for s in entries for e in s["summary"]["stream"]["tasks"]})
+    lines = ["## experience track", "", EXPERIENCE_NOTE, ""]
+    header = ["rank", "name", "agent", "model", "worlds x stream", "macro gain"] + env_ids + ["verified", "date"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for rank, s in enumerate(entries, 1):
+        m, st = s["metadata"], s["summary"]["stream"]
+        worlds = max((t["worlds"] for t in st["tasks"].values()), default=0)
+        cells = [str(rank), f"[{m['name']}]({m['url']})" if m["url"] else m["name"], m["agent"], m["model"],
+                 f"{worlds} x {st['stream']}",
+                 f"{st['macro']['experience_gain'] * 100:+.1f} ± {st['macro']['experience_gain_se'] * 100:.1f}"]
+        for e in env_ids:
+            t = st["tasks"].get(e)
+            cells.append(f"{t['experience_gain'] * 100:+.1f} ± {t['experience_gain_se'] * 100:.1f} "
+                         f"({pct(t['tail_success_memory'])} / {pct(t['tail_success_no_memory'])})" if t else "–")
+        cells += ["yes" if m["verified"] else "no", m["date"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 DISPLAY_CHARS = 36
@@ -115,7 +150,7 @@ def leaderboard_data(subs: list[dict], run_ids: dict[str, str]) -> dict:
     ``run_ids`` maps a submission folder to its run's id in the site (the row links to that run page).
     """
     groups = []
-    for name, entries in _groups(subs).items():
+    for name, entries in _groups([s for s in subs if "stream" not in s["summary"]]).items():
         rows = []
         short = display_names([s["metadata"]["name"] for s in entries])
         for rank, s in enumerate(entries, 1):

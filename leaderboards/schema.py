@@ -83,4 +83,25 @@ def load_submission(folder: Path) -> dict[str, Any]:
         if task["episodes"] < 1:
             raise SubmissionError(f"{summary_path}: tasks.{env_id}.episodes: must be at least 1")
     _check_fields(summary_path, "macro", summary["macro"], {"success": float, "success_se": float})
+    if "stream" in summary:
+        _check_stream(summary_path, summary)
     return {"summary": summary, "metadata": meta, "folder": folder}
+
+
+STREAM_TASK_FIELDS = {"worlds": int, "experience_gain": float, "experience_gain_se": float,
+                      "tail_success_memory": float, "tail_success_no_memory": float}
+
+
+def _check_stream(path: Path, summary: dict[str, Any]) -> None:
+    """An experience-track run (``eval.run --stream``): its gains, on held-out worlds."""
+    from crl_envs.persistent import HELD_OUT_FIRST_WORLD
+
+    stream = summary["stream"]
+    _check_fields(path, "stream", stream, {"stream": int, "tail": int, "tasks": dict, "macro": dict})
+    _check_fields(path, "stream.macro", stream["macro"], {"experience_gain": float, "experience_gain_se": float})
+    for env_id, task in stream["tasks"].items():
+        _check_fields(path, f"stream.tasks.{env_id}", task, STREAM_TASK_FIELDS)
+    seed = summary["run"].get("seed")
+    if not isinstance(seed, int) or seed < HELD_OUT_FIRST_WORLD:
+        raise SubmissionError(f"{path}: run.seed: the experience track plays held-out worlds: rerun with "
+                              f"--seed {HELD_OUT_FIRST_WORLD} (or higher), got {seed!r}")

@@ -148,3 +148,41 @@ def test_the_memory_agents_neither_read_nor_write_without_experience():
 def test_stream_flag_is_validated():
     with pytest.raises(SystemExit):
         eval_run.main(["--stream", "0", "--tasks", "crl/MiniHack-Corridors-3-v0"])
+
+
+def test_reflexion_writes_after_a_failure_and_reads_it_back_only_with_memory(tmp_path):
+    from crl_agent.agents.reflexion import ReflexionAgent
+    from crl_agent.llm.base import LLM, Completion
+    from eval.recorder import RunRecorder
+    from eval.stream import run_stream_task
+
+    class Scripted(LLM):  # acts "west" (never wins); reflects with a fixed sentence
+        name = "scripted"
+        prompts: list[str] = []
+
+        async def chat(self, messages, params=None):
+            self.prompts.append(messages[0]["content"])
+            reflect = "failed" in messages[0]["content"]
+            return Completion(text="Go through corridor 2." if reflect else "<action>west", prompt_tokens=1)
+
+        def config(self):
+            return {"name": "scripted"}
+
+    llm = Scripted()
+    agent = ReflexionAgent(llm=llm, action_mode="generate")
+    env_id = "crl/MiniHack-Corridors-3-v0"
+    plan = stream_plan(1000, 1, 2)
+    recorder = RunRecorder(tmp_path, "text")
+
+    async def both():
+        for memory in (True, False):
+            await run_stream_task(env_id, agent, recorder, plan, memory=memory, done=set(),
+                                  make_kwargs={"max_episode_steps": 2})
+
+    asyncio.run(both())
+    recorder.close()
+    assert agent.reflections == {(env_id, 1000): ["Go through corridor 2.", "Go through corridor 2."]}
+    systems = [p for p in llm.prompts if "failed" not in p]
+    shown = ["Reflections from your earlier attempts" in p for p in systems]
+    # episode 0 with memory: none yet; episode 1 with memory: the reflection; without memory: never
+    assert shown == [False, False, True, True, False, False, False, False]

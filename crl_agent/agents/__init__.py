@@ -16,6 +16,7 @@ BUILTIN = {
     "crl": "crl_agent.agents.crl:CRLAgent",
     "oracle-memory": "crl_agent.agents.notebook:RememberingOracleAgent",
     "notebook": "crl_agent.agents.notebook:NotebookAgent",
+    "reflexion": "crl_agent.agents.reflexion:ReflexionAgent",
 }
 
 __all__ = ["Agent", "Episode", "EpisodeContext", "EpisodeResult", "Policy", "load_agent_class", "parse_agent_args", "BUILTIN"]
