@@ -26,7 +26,7 @@
 
   const pctFmt = function (v, tick) { return tick ? (100 * v).toFixed(0) + "%" : (100 * v).toFixed(1) + "%"; };
   const numFmt = function (v, tick) { return tick ? String(+v.toFixed(3)) : v.toFixed(3); };
-  const intFmt = function (v) { return String(Math.round(v)); };
+  const intFmt = function (v, tick) { return tick && !Number.isInteger(v) ? "" : String(Math.round(v)); };
 
   function points(rows, key, seKey) {
     return rows.filter(function (r) { return typeof r[key] === "number"; })
