@@ -43,6 +43,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from train_compare import comparison_lines, effective_mode, extractor_updates  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results" / "train_cpu"
 SCHEMA_VERSION = "2.0"  # 1.0: one file per tag (benchmarks/results/train_cpu*.json); 2.0: one file per run
 DEFAULT_TAG = "default"
@@ -79,14 +82,19 @@ SETTINGS = {
     # the same algorithm and budget in steps, so its results answer the same question, faster)
     "device": "cpu",
 }
-# crl mode on this CPU: 2 episodes of each group distilled (one from each half; distilling all 16 a step
-# made a step 2.6x slower than grpo's, so crl got 13-14 steps in 30 minutes against grpo's 32), batched
-# 8 at a time, merges once a step between rollouts, the extractor trained once 16 of its calls have a
-# meta-reward (64 needs more steps than 30 minutes give), and no search-and-ask (each ask is a serial
-# 160-token generation that the actor waits for, and the 135M extractor's answers were noise: "The
-# Miracle King is a character from a fictional work").
-CRL_SETTINGS = {"distil-per-group": 2, "distil-workers": 8, "merge-every": 1, "extractor-batch": 16,
-                "agent-arg": ["max_tool_calls=0"]}
+# crl and static on this CPU: 2 episodes of each group distilled (one from each half; distilling all 16 a step
+# made a step 2.6x slower than grpo's), batched 8 at a time, merges once a step between rollouts, and
+# search-and-ask on (the agent's default, 2 asks an episode). The extractor's schedule (issue 46): every crl run
+# before it made 0 updates (warm-up 5, then 16 rewarded calls with the same calls retrained every other step:
+# never reached in 16 steps). Now a call is queued when an episode it guided ends and trained once per new
+# evidence (the FIFO buffer), and a step credits the origins of what its 8 with-experience episodes retrieved
+# (4 entries each) plus their answers: about 5-10 calls a step once the bank holds a few entries (it holds
+# ~10 after step 1: 4+ distillations a step, valid by the schema). So 8 calls an update (an eighth of the
+# paper's 64, as our 16 rollouts a step are an eighth of its 128) after 4 warm-up steps (the bank has entries
+# from ~2 steps and their outcomes from ~2 more) gives an update about every step from step 5 on, and at
+# least one every 4 steps from step 8 (tests/test_crl_schedule.py runs this schedule).
+CRL_SETTINGS = {"distil-per-group": 2, "distil-workers": 8, "merge-every": 1, "extractor-batch": 8,
+                "extractor-warmup": 4}
 
 
 # the per-step diagnostics the results keep and plot: (name in the results, metrics.jsonl key)
@@ -139,6 +147,18 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
         if "with_experience" in evals[-1]:
             row["before_with_experience"] = evals[0]["with_experience"]
             row["after_with_experience"] = evals[-1]["with_experience"]
+        # with and without experience at step 0 differ only by the numerics of another prompt batch (the
+        # bank is empty then): the gap a later difference must exceed
+        if "with_experience" in evals[0]:
+            row["step0_gap_points"] = 100 * (evals[0]["with_experience"] - evals[0]["success"])
+            row["step0_gap_se_points"] = 100 * (evals[0]["with_experience_se"] ** 2 + evals[0]["success_se"] ** 2) ** 0.5
+    # per step: every episode played (dynamic sampling's extra groups too), the informative ones kept for the
+    # update and the share of those played with experience (files before issue 46: the scheduled episodes)
+    row["episodes_played"] = [(m["step"], m.get("episodes_played", m.get("episodes", 0))) for m in metrics]
+    row["episodes_kept"] = [(m["step"], m["episodes_kept"], m["kept_with_experience"])
+                            for m in metrics if "episodes_kept" in m]
+    row["tool_choice_rate"] = [(m["step"], m["rollout/tool_choice_rate"]) for m in metrics
+                               if "rollout/tool_choice_rate" in m]
     if metrics and mode in ("crl", "static"):
         last = metrics[-1]
         valid, bad = last.get("extractor/valid_ops", 0), last.get("extractor/malformed", 0)
@@ -146,8 +166,14 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
             "distillations": last.get("extractor/distillations"), "valid_ops": valid, "malformed": bad,
             "valid_operation_rate": valid / (valid + bad) if valid + bad else None,
             "bank_entries": last.get("bank_entries"),
-            "updates": sum(1 for m in metrics if m.get("extractor/updated")),
+            # the learner's count where the trainer logs it (issue 46), else the steps that updated
+            "updates": last.get("extractor/updates", sum(1 for m in metrics if m.get("extractor/updated"))),
+            "answer_calls": last.get("extractor/answer_calls"), "answer_meta_reward": last.get("extractor/answer_meta_reward"),
         }
+        # per step: (step, updates so far, calls in the training buffer, calls rewarded so far, loss, reward)
+        row["extractor_schedule"] = [(m["step"], m.get("extractor/updates"), m.get("extractor/buffer"),
+                                      m.get("extractor/rewarded_calls"), m.get("extractor/loss"),
+                                      m.get("extractor/reward")) for m in metrics]
         row["extractor_reward"] = [(m["step"], m["extractor/reward"]) for m in metrics if "extractor/reward" in m]
         # the mean meta-reward over every call rewarded so far, after each step (whether or not it trained)
         row["extractor_meta_reward"] = [(m["step"], m["extractor/meta_reward"], m["extractor/rewarded_calls"])
@@ -334,14 +360,18 @@ def table(docs: list[dict], problems: list[str]) -> str:
         r = doc["run"]
         wexp = (f" ({100 * r['before_with_experience']:.1f}% -> {100 * r['after_with_experience']:.1f}% with experience)"
                 if "after_with_experience" in r else "")
+        if r["mode"] in ("crl", "static"):
+            wexp += f"; extractor updates: {extractor_updates(r)}"
         step_s = f"{r['step_s_median']:.0f} s" if r.get("step_s_median") else "-"
-        lines.append(f"| {r['mode']} | {r['seed']} | {host_label(doc['host'])} | {r['train_steps']} | {step_s} | "
+        lines.append(f"| {effective_mode(r)} | {r['seed']} | {host_label(doc['host'])} | {r['train_steps']} | {step_s} | "
                      f"{r['train_minutes']:.0f} min | {100 * r.get('before', nan):.1f}% | "
                      f"{100 * r.get('after', nan):.1f}%{wexp} | "
                      f"{r.get('gain_points', nan):+.1f} ± {r.get('gain_se_points', nan):.1f} |")
     lines.append("")
-    for mode, v in verdict([d["run"] for d in docs]).items():
+    # a crl run whose extractor never updated is judged as what it was (static), not as crl
+    for mode, v in verdict([{**d["run"], "mode": effective_mode(d["run"])} for d in docs]).items():
         lines.append(verdict_line(mode, v))
+    lines += comparison_lines([d["run"] for d in docs])
     if docs:
         budget = docs[0]["budget"]
         size = f"{budget['minutes']:g} minutes" if budget.get("minutes") else f"{budget['steps']} steps"

@@ -242,12 +242,13 @@ async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> Rollouts:
         ctxs += extra
         episodes += await play(pool, agent, extra)
         signal = informative_halves(ctxs, episodes)
+    played = len(ctxs)
     if cfg.dynamic_sampling:  # DAPO's filter: a half whose outcomes are all alike has nothing to teach
         keep = [i for i, c in enumerate(ctxs) if (c.episode_index, c.with_experience) in signal]
         ctxs, episodes = [ctxs[i] for i in keep], [episodes[i] for i in keep]
     kept_halves = {(c.episode_index, c.with_experience) for c in ctxs}
     share_episodes_with_rank0(agent, dist)
-    return Rollouts(ctxs, episodes, scheduled=scheduled, extra_groups=next_g - first,
+    return Rollouts(ctxs, episodes, scheduled=scheduled, played=played, extra_groups=next_g - first,
                     signal_groups=len({g for g, _ in scheduled_signal}) / max(1, len(mine)),
                     signal_scheduled=len(scheduled_signal) / max(1, wanted),
                     signal_batch=len(signal & kept_halves) / max(1, len(kept_halves)))
@@ -287,9 +288,11 @@ def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, 
     sampled, before dynamic sampling adds or drops any), rollout statistics, the actor's and extractor's
     update metrics, and on rank 0 the experience side (extractor validity, bank size, meta-reward)."""
     played, played_eps = batch.scheduled
+    kept = batch.learn
     local = {"rewards": [(c.env_id, c.with_experience, float(e.success))
                          for c, e in zip(played, played_eps, strict=True) if e.error is None],
              "episodes": len(played_eps), "tokens": rollout_tokens(played_eps), "samples": actor.samples,
+             "played": batch.played, "kept": len(kept), "kept_with_experience": sum(c.with_experience for c, _ in kept),
              "stats": rollout_stats([e for e in played_eps if e.error is None]),
              "signal": (batch.signal_groups, batch.signal_scheduled, batch.signal_batch, batch.extra_groups)}
     parts = dist.gather(local)
@@ -300,6 +303,11 @@ def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, 
     row = {"step": step + 1, "time_s": 0.0, **times.row(),
            "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / max(times["rollout_s"], 1e-9),
            "samples": sum(p["samples"] for p in parts), "episodes": n_episodes,
+           # every episode the step played (dynamic sampling's extra groups too), the informative ones kept for
+           # the update, and the share of those that played with experience
+           "episodes_played": sum(p["played"] for p in parts),
+           "episodes_kept": sum(p["kept"] for p in parts),
+           "kept_with_experience": sum(p["kept_with_experience"] for p in parts) / max(1, sum(p["kept"] for p in parts)),
            "errored": n_episodes - len(every),
            "train_success": sum(r for *_, r in every) / max(1, len(every)),
            # the share of scheduled groups with mixed outcomes in either half, and of (group, with/without
@@ -326,6 +334,27 @@ def step_metrics(cfg: TrainConfig, setup: RunSetup, step: int, batch: Rollouts, 
     row.update(extractor_row)
     if setup.manager is not None and dist.main:
         row.update(experience_metrics(setup, merged))
+        row.update(extractor_schedule(cfg, setup, step + 1))
+    return row
+
+
+def extractor_schedule(cfg: TrainConfig, setup: RunSetup, step: int) -> dict[str, Any]:
+    """Where the extractor's training stands after a step (rank 0, crl and static): its updates so far
+    (static: always 0), the training buffer (calls with outcomes no update has trained on) and how many of
+    them the next step's update could take (their count-aware weight above 0), so a run whose extractor
+    never trains shows it; and the search-and-ask answers so far with their mean meta-reward."""
+    from crl_agent.experience.calllog import training_buffer
+    from crl_agent.rl.batches import trainable_call
+
+    calls = setup.manager.training_samples(step, cfg.cooldown)
+    queued = training_buffer(calls)
+    answers = [s.reward for s in calls if s.kind == "answer"]
+    rewarded = [r for r in answers if r is not None]
+    row = {"extractor/updates": setup.extractor_learner.version if setup.extractor_learner is not None else 0,
+           "extractor/buffer": len(queued), "extractor/buffer_trainable": sum(map(trainable_call, queued)),
+           "extractor/answer_calls": len(answers), "extractor/answer_rewarded": len(rewarded)}
+    if rewarded:
+        row["extractor/answer_meta_reward"] = sum(rewarded) / len(rewarded)
     return row
 
 
@@ -368,6 +397,7 @@ class Rollouts:
     Attributes:
         contexts, episodes: what the update learns from (after dynamic sampling's filter).
         scheduled: the scheduled groups' contexts and episodes (what ``train_success`` is measured on).
+        played: every episode the step played on this rank (the scheduled and dynamic sampling's extra).
         extra_groups: groups dynamic sampling added.
         signal_groups: the share of the scheduled groups with mixed outcomes in either half.
         signal_scheduled, signal_batch: the share of (group, with/without experience) halves with mixed
@@ -377,6 +407,7 @@ class Rollouts:
     contexts: list[EpisodeContext]
     episodes: list[Episode]
     scheduled: tuple[list[EpisodeContext], list[Episode]]
+    played: int = 0
     extra_groups: int = 0
     signal_groups: float = 0.0
     signal_scheduled: float = 0.0

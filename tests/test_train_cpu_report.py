@@ -188,3 +188,61 @@ def test_importing_something_else_fails_clearly(bench, tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(SystemExit, match="not a results file"):
         bench.main(["--import-results", str(bad), "--tag", "x"])
+
+
+def _mode_run(path: Path, mode: str, successes: list[float], played: int, updates: int = 0,
+              with_exp: list[float] | None = None) -> Path:
+    """A run folder with an evaluation every 4 steps (successes at steps 0, 4, ...), ``played`` training
+    episodes a step and, for crl/static, the extractor's update count and the with-experience half."""
+    path.mkdir(parents=True)
+    evals = []
+    for i, y in enumerate(successes):
+        e = {"step": 4 * i, "success": y, "success_se": 0.05, "errored": 0, "mean_actions": 10.0}
+        if with_exp is not None:
+            e.update(with_experience=with_exp[i], with_experience_se=0.05)
+        evals.append(e)
+    steps = 4 * (len(successes) - 1)
+    metrics = [{"step": i + 1, "time_s": 60.0, "train_success": 0.3, "episodes": 16, "episodes_played": played,
+                "episodes_kept": played // 2, "kept_with_experience": 0.5 if with_exp else 0.0,
+                **({"extractor/updates": updates if i + 1 >= 2 else 0} if mode in ("crl", "static") else {})}
+               for i in range(steps)]
+    (path / "evals.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return path
+
+
+def test_report_pairs_modes_seed_by_seed_at_equal_steps_and_episodes_and_labels_a_crl_run_that_never_trained(
+        bench, tmp_path):
+    runs = {("grpo", 0): ([0.20, 0.30, 0.40], 16, 0, None), ("grpo", 1): ([0.20, 0.25, 0.30], 16, 0, None),
+            ("crl", 0): ([0.20, 0.35, 0.50], 32, 3, [0.22, 0.40, 0.60]),
+            ("crl", 1): ([0.20, 0.30, 0.45], 32, 0, [0.20, 0.30, 0.40]),  # its extractor never updated
+            ("static", 0): ([0.20, 0.30, 0.45], 32, 0, [0.20, 0.35, 0.45])}
+    for (mode, seed), (ys, played, updates, wexp) in runs.items():
+        row = bench.summarise(mode, seed, _mode_run(tmp_path / f"{mode}{seed}", mode, ys, played, updates, wexp))
+        bench.write_seed_result(bench.RESULTS / "t", "t", row, dict(bench.SETTINGS), {"steps": 8}, 1,
+                                _host("Intel Xeon", 2400))
+    saved = json.loads((bench.RESULTS / "t" / "crl-seed0.json").read_text())["run"]
+    assert saved["extractor"]["updates"] == 3 and saved["episodes_played"][0] == [1, 32]
+    assert saved["step0_gap_points"] == pytest.approx(2.0)
+    bench.main(["--report", "--tag", "t"])
+    table = (bench.RESULTS / "t" / "table.md").read_text()
+    assert "| crl (static in effect) | 1 |" in table and "| crl | 0 |" in table
+    assert "- crl (static in effect): seeds 1 made 0 extractor updates; left out of crl's verdict" in table
+    assert "- crl: 1 of 5 seeds: gains +30.0" in table  # seed 1's +25 is not crl's
+    # equal steps: crl seed 0 against grpo seed 0 at step 8: 50% - 40%
+    assert "- crl - grpo, equal steps: seed 0 at step 8: +10.0 ± 7.1; mean +10.0 over 1 seed(s)" in table
+    # equal episodes: crl's 256 episodes at step 8 are grpo's step 16, beyond its curve; at step 4 crl's 128
+    # episodes are grpo's step 8 (40%): 35% - 40%
+    assert "- crl - grpo, equal episodes: seed 0 at step 4: -5.0 ± 7.1" in table
+    assert "- crl (with experience) - grpo, equal steps: seed 0 at step 8: +20.0" in table
+    assert "- crl - static, equal steps: seed 0 at step 8: +5.0" in table
+    assert "- crl (with experience) - static, equal steps: seed 0 at step 8: +15.0" in table
+    assert "these seeds resolve differences beyond ±13.9 points" in table  # 1.96 * 7.07 with one seed
+
+
+def test_the_resolution_grows_with_the_spread_of_the_paired_differences(bench):
+    import train_compare
+
+    tight = train_compare.resolution([10.0, 11.0, 9.0], [7.0, 7.0, 7.0])
+    loose = train_compare.resolution([30.0, -10.0, 10.0], [7.0, 7.0, 7.0])
+    assert tight == pytest.approx(1.96 * 7.0 * 3 ** 0.5 / 3) and loose == pytest.approx(1.96 * 20.0 / 3 ** 0.5)
