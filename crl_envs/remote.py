@@ -11,7 +11,12 @@ trainer and the pools play a remote env like a local one::
 Observations, rewards, ``terminated``/``truncated`` and ``info`` are the served env's own (``info``
 as JSON: tuples become lists, numpy numbers Python numbers; :func:`jsonable`). Invalid moves stay
 invalid moves. A failure of the server's env, a lost connection or a server error raises
-:class:`RemoteEnvError`; the session is then closed and the next ``reset`` opens a new one.
+:class:`RemoteEnvError`, whose ``code`` says which (the server's code, ``TIMEOUT``, ``CONNECTION_LOST`` or
+``UNREACHABLE``) and whose ``session_ended`` says the episode was cut short: the session is then closed
+and the next ``reset`` opens a new one.
+
+Sessions are released by ``close()``, and whatever is still open when Python exits is closed by an
+``atexit`` hook (each with a short deadline), so a program that never closes its envs still exits.
 
 It uses the ``websockets`` client directly rather than OpenEnv's ``EnvClient``: that client's
 timeout leaves the connection open, so a late reply would be read as the answer to the next
@@ -20,10 +25,15 @@ request; here a timeout closes the session.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
+import threading
+import time
 import urllib.error
 import urllib.request
+import weakref
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -39,10 +49,48 @@ SESSION_ENDED = "session ended: "
 CLOSING_CODES = ("CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR", "SESSION_TIMEOUT")
 MAX_FRAME_BYTES = 16 * 2**20  # the largest WebSocket message either side reads (uvicorn's default)
 DEFAULT_TIMEOUT_S = 1200.0  # above the longest step a served env declares (SWE grading: 1050 s)
+CLOSE_TIMEOUT_S = 2.0  # the closing handshake's wait (websockets' close_timeout)
+EXIT_CLOSE_BUDGET_S = 3.0  # all sessions still open at interpreter exit are closed within this
 
 
 class RemoteEnvError(RuntimeError):
-    """The served env failed, the server refused a request, or the connection was lost."""
+    """The served env failed, the server refused a request, or the connection was lost.
+
+    Attributes:
+        code: the server's error code (``CAPACITY_REACHED``, ``SESSION_TIMEOUT``, ``EXECUTION_ERROR``...), or
+            ``TIMEOUT`` (no reply in time), ``CONNECTION_LOST`` (the server closed or restarted) or
+            ``UNREACHABLE`` (no session could be opened).
+        session_ended: True where the session is gone (its episode, if one was running, was cut short);
+            False for an error reply after which the session and its episode go on.
+    """
+
+    def __init__(self, message: str, *, code: str = "ERROR", session_ended: bool = True):
+        super().__init__(message)
+        self.code = code
+        self.session_ended = session_ended
+
+
+# Every RemoteEnv holding a connection: the atexit hook closes them while the connections' reader threads still
+# run (a close from __del__ at interpreter teardown joins a daemon thread that has been frozen: it never returns).
+_OPEN: weakref.WeakSet[RemoteEnv] = weakref.WeakSet()
+_OPEN_LOCK = threading.Lock()
+
+
+@atexit.register
+def close_open_sessions(budget_s: float = EXIT_CLOSE_BUDGET_S) -> int:
+    """Close every ``RemoteEnv`` session still open, within about ``budget_s`` seconds in all (the server
+    releases a session whose connection drops, so the last ones are just dropped). Returns how many.
+
+    Registered with ``atexit``: a program that exits without closing its envs releases their sessions and
+    exits at once.
+    """
+    with _OPEN_LOCK:
+        envs = list(_OPEN)
+    deadline = time.monotonic() + budget_s
+    for env in envs:
+        left = deadline - time.monotonic()
+        env._drop(say_goodbye=True, timeout=min(CLOSE_TIMEOUT_S, left) if left > 0.05 else None)
+    return len(envs)
 
 
 def jsonable(obj: Any) -> Any:
@@ -138,7 +186,7 @@ class RemoteEnv(gym.Env[str, str]):
                 return json.loads(reply.read())
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise RemoteEnvError(f"cannot reach the env server at {self.url}{path}: {e}; is python -m crl_envs.serve "
-                                 "running there?") from None
+                                 "running there?", code="UNREACHABLE") from None
 
     def _connect(self) -> None:
         from websockets.sync.client import connect
@@ -146,17 +194,32 @@ class RemoteEnv(gym.Env[str, str]):
         try:
             # __enter__ gives the connection on every websockets release (17.1 deprecates using connect() bare)
             self._ws = connect(self.ws_url, open_timeout=self.connect_timeout, max_size=MAX_FRAME_BYTES,
-                               close_timeout=2).__enter__()
+                               close_timeout=CLOSE_TIMEOUT_S).__enter__()
         except Exception as e:  # noqa: BLE001 - refused, DNS, TLS, a proxy...: one clear message
-            raise RemoteEnvError(f"cannot open a session at {self.ws_url}: {type(e).__name__}: {e}") from None
+            raise RemoteEnvError(f"cannot open a session at {self.ws_url}: {type(e).__name__}: {e}",
+                                 code="UNREACHABLE") from None
+        with _OPEN_LOCK:
+            _OPEN.add(self)
 
-    def _drop(self) -> None:
+    def _drop(self, *, say_goodbye: bool = False, timeout: float | None = CLOSE_TIMEOUT_S) -> None:
+        """Forget the connection and close it: with the closing handshake, waiting at most ``timeout`` s
+        (``None``: just close the socket). ``say_goodbye`` first sends the protocol's ``close`` message."""
         ws, self._ws = self._ws, None
-        if ws is not None:
-            try:
-                ws.close()
-            except Exception:  # noqa: BLE001, S110 - best effort: it may be closed already
-                pass
+        with _OPEN_LOCK:
+            _OPEN.discard(self)
+        if ws is None:
+            return
+        if timeout is None or sys.is_finalizing():
+            # At interpreter teardown the reader thread is frozen and ws.close() would join it forever.
+            _close_socket(ws)
+            return
+        try:
+            if say_goodbye:
+                ws.send(json.dumps({"type": "close"}))
+            ws.close_timeout = timeout
+            ws.close()
+        except Exception:  # noqa: BLE001 - best effort: it may be closed already
+            _close_socket(ws)
 
     def _last_words(self) -> dict[str, Any] | None:
         """A message the server sent before closing the connection, if one is still unread."""
@@ -171,7 +234,7 @@ class RemoteEnv(gym.Env[str, str]):
 
         if self._ws is None:
             if not reconnect:
-                raise RemoteEnvError(f"no session with {self.url}: call reset() to open one")
+                raise RemoteEnvError(f"no session with {self.url}: call reset() to open one", code="NO_SESSION")
             self._connect()
         try:
             self._ws.send(json.dumps(message))
@@ -179,17 +242,18 @@ class RemoteEnv(gym.Env[str, str]):
         except TimeoutError:
             self._drop()  # a late reply must never be read as the answer to the next request
             raise RemoteEnvError(f"{self.url} sent no reply to {message['type']} within {self.timeout:g} s; "
-                                 "the session was closed (reset opens a new one)") from None
+                                 "the session was closed (reset opens a new one)", code="TIMEOUT") from None
         except ConnectionClosed as e:
             last = self._last_words()  # the server may have said why before it closed (e.g. CAPACITY_REACHED)
             self._drop()
             if last is not None and last.get("type") == "error":
                 raise self._error(last) from None
             why = e.rcvd.reason if e.rcvd is not None and e.rcvd.reason else str(e)
-            raise RemoteEnvError(f"{self.url} closed the session ({why}); reset opens a new one") from None
+            raise RemoteEnvError(f"{self.url} closed the session ({why}); reset opens a new one",
+                                 code="CONNECTION_LOST") from None
         except OSError as e:
             self._drop()
-            raise RemoteEnvError(f"lost the connection to {self.url}: {e}") from None
+            raise RemoteEnvError(f"lost the connection to {self.url}: {e}", code="CONNECTION_LOST") from None
         reply = json.loads(raw)
         if reply.get("type") == "error":
             raise self._error(reply)
@@ -198,10 +262,11 @@ class RemoteEnv(gym.Env[str, str]):
     def _error(self, reply: dict[str, Any]) -> RemoteEnvError:
         """The error a server's error reply stands for; the session is dropped where the server ends it."""
         data = reply.get("data") or {}
-        text, code = str(data.get("message", "unknown error")), data.get("code", "ERROR")
-        if text.startswith(SESSION_ENDED) or code in CLOSING_CODES:
+        text, code = str(data.get("message", "unknown error")), str(data.get("code") or "ERROR")
+        ended = text.startswith(SESSION_ENDED) or code in CLOSING_CODES
+        if ended:
             self._drop()
-        return RemoteEnvError(f"{self.remote_env_id or self.url}: {code}: {text}")
+        return RemoteEnvError(f"{self.remote_env_id or self.url}: {code}: {text}", code=code, session_ended=ended)
 
     # --------------------------------------------------------------- gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -245,10 +310,22 @@ class RemoteEnv(gym.Env[str, str]):
         return self._last_obs if self.render_mode == "ansi" else None
 
     def close(self) -> None:
-        if self._ws is not None:
-            try:
-                self._ws.send(json.dumps({"type": "close"}))
-            except Exception:  # noqa: BLE001, S110 - closed already
-                pass
-            self._drop()
+        """End the session (the server releases its env); never blocks more than about 2 s, and returns at once
+        after a server error or at interpreter exit. Idempotent; ``reset`` afterwards opens a new session."""
+        self._drop(say_goodbye=True)
         super().close()
+
+
+def _close_socket(ws: Any) -> None:
+    """Close a websockets connection's socket without waiting for its reader thread (which then ends)."""
+    sock = getattr(ws, "socket", None)
+    if sock is None:
+        return
+    try:
+        sock.shutdown(2)  # socket.SHUT_RDWR: wakes the reader thread's select
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
