@@ -186,3 +186,16 @@ def test_reflexion_writes_after_a_failure_and_reads_it_back_only_with_memory(tmp
     shown = ["Reflections from your earlier attempts" in p for p in systems]
     # episode 0 with memory: none yet; episode 1 with memory: the reflection; without memory: never
     assert shown == [False, False, True, True, False, False, False, False]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_trainer_trains_on_a_persistent_world_task(tiny, tmp_path):
+    pytest.importorskip("peft")
+    from crl_agent.train import main as train_main
+
+    args = ["--out", str(tmp_path), "--quiet", "--tasks", "crl/MiniHack-Corridors-3-v0", "--mode", "grpo",
+            "--model", tiny, "--dtype", "float32", "--groups", "1", "--group-size", "2", "--eval-episodes", "2",
+            "--eval-every", "0", "--lora-rank", "4", "--steps", "1", "--max-steps", "4"]
+    assert train_main(args) == 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["episodes"] == 2 and rows[0]["errored"] == 0
