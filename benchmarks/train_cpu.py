@@ -381,10 +381,25 @@ def table(docs: list[dict], problems: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report(tag_dir: Path, expected: list[tuple[str, int]] | None = None) -> int:
+def report(tag_dir: Path, expected: list[tuple[str, int]] | None = None, baseline: Path | None = None) -> int:
     """Merge the tag's per-seed files into its table and plot; prints them. Returns 1 when something was
-    left out or nothing is there, else 0."""
-    docs, problems = merge(tag_dir, expected)
+    left out or nothing is there, else 0. ``baseline``: another tag's folder whose runs of the modes this
+    tag lacks join the table and the paired comparison (they must share the tag's settings and budget)."""
+    docs, problems = merge(tag_dir, [e for e in expected or [] if baseline is None or e[0] in _modes(tag_dir)] or None)
+    if baseline is not None:
+        extra, extra_problems = merge(baseline)
+        have = {d["mode"] for d in docs}
+        extra = [d for d in extra if d["mode"] not in have]
+        ref = docs[0] if docs else None
+        for d in extra:
+            if ref is not None and (d["settings"] != ref["settings"] or d["budget"] != ref["budget"]):
+                problems.append(f"{shown(seed_path(baseline, d['mode'], d['seed']))}: other settings or budget than "
+                                f"{shown(tag_dir)}'s runs; left out of the comparison")
+            else:
+                docs.append(d)
+        problems += extra_problems
+        order = {"grpo": 0, "static": 1, "crl": 2}
+        docs.sort(key=lambda d: (order.get(d["mode"], 9), d["mode"], d["seed"]))
     for p in problems:
         print(f"problem: {p}", file=sys.stderr)
     if not docs:
@@ -397,6 +412,11 @@ def report(tag_dir: Path, expected: list[tuple[str, int]] | None = None) -> int:
     print(text, end="")
     print(f"wrote {tag_dir / 'table.md'} and {tag_dir / 'plot.png'}")
     return 1 if problems else 0
+
+
+def _modes(tag_dir: Path) -> set[str]:
+    """The modes a tag's folder has a per-seed file of."""
+    return {p.name.split("-seed")[0] for p in tag_dir.glob("*-seed*.json")}
 
 
 def import_results(path: Path, tag: str) -> list[Path]:
@@ -520,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="split a results file of the earlier one-file-per-tag layout into per-seed files of --tag")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. --set lr=2e-3 --set ppo-epochs=2 (use with --tag)")
+    p.add_argument("--baseline-tag", default=None, metavar="TAG",
+                   help="with --report: also pair this tag's runs of the modes the tag lacks (e.g. --tag equal_steps "
+                   "--baseline-tag default: crl and static against the committed grpo seeds)")
     p.add_argument("--tag", default=DEFAULT_TAG,
                    help="a name for this variant: runs in <work>/<tag>/, results in benchmarks/results/train_cpu/<tag>/")
     args = p.parse_args(argv)
@@ -535,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return report(tag_dir)
     if args.report:
-        return report(tag_dir, runs if args.modes or args.seeds else None)
+        return report(tag_dir, runs if args.modes or args.seeds else None,
+                      RESULTS / args.baseline_tag if args.baseline_tag else None)
     if args.jobs < 1 or args.minutes < 0 or (args.steps is not None and args.steps < 1):
         p.error("--jobs and --steps must be >= 1 and --minutes >= 0")
     settings = dict(SETTINGS)

@@ -246,3 +246,16 @@ def test_the_resolution_grows_with_the_spread_of_the_paired_differences(bench):
     tight = train_compare.resolution([10.0, 11.0, 9.0], [7.0, 7.0, 7.0])
     loose = train_compare.resolution([30.0, -10.0, 10.0], [7.0, 7.0, 7.0])
     assert tight == pytest.approx(1.96 * 7.0 * 3 ** 0.5 / 3) and loose == pytest.approx(1.96 * 20.0 / 3 ** 0.5)
+
+
+def test_a_baseline_tag_lends_its_grpo_runs_to_the_comparison(bench, tmp_path, capsys):
+    for tag, mode, ys, played, updates, wexp in (("default", "grpo", [0.2, 0.3, 0.4], 16, 0, None),
+                                                 ("eq", "crl", [0.2, 0.35, 0.5], 16, 2, [0.2, 0.4, 0.6])):
+        row = bench.summarise(mode, 0, _mode_run(tmp_path / tag, mode, ys, played, updates, wexp))
+        bench.write_seed_result(bench.RESULTS / tag, tag, row, dict(bench.SETTINGS), {"steps": 8}, 1,
+                                _host("Intel Xeon", 2400))
+    assert bench.main(["--report", "--tag", "eq", "--baseline-tag", "default", "--modes", "grpo,crl", "--seeds", "0,1"]) == 1
+    table = (bench.RESULTS / "eq" / "table.md").read_text()
+    assert "| grpo | 0 |" in table and "- crl - grpo, equal steps: seed 0 at step 8: +10.0" in table
+    err = capsys.readouterr().err
+    assert "crl seed 1: no result" in err and "grpo seed 1" not in err  # grpo's seeds are the baseline's to have
