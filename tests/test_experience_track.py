@@ -199,3 +199,27 @@ def test_the_trainer_trains_on_a_persistent_world_task(tiny, tmp_path):
     assert train_main(args) == 0
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["episodes"] == 2 and rows[0]["errored"] == 0
+
+
+def test_the_leaderboard_ranks_stream_runs_by_experience_gain_and_refuses_trained_worlds(tmp_path):
+    from leaderboards.build import main as build_main
+    from leaderboards.schema import SubmissionError, load_submission
+
+    subs = tmp_path / "subs"
+    for agent in ("random", "oracle-memory"):
+        summary = _stream(tmp_path, agent, "crl/MiniHack-Corridors-3-v0", worlds=2, stream=2)
+        folder = subs / f"2026-12-07_{agent}"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "metadata.yaml").write_text(f"name: {agent}\nmodel: none\nagent: {agent}\ndate: '2026-12-07'\n"
+                                              "url: ''\nverified: true\n")
+    out = tmp_path / "board.md"
+    assert build_main(["--submissions", str(subs), "--out", str(out)]) == 0
+    track = out.read_text().split("## experience track", 1)[1]
+    rows = [line for line in track.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert "oracle-memory" in rows[0] and "random" in rows[1]
+    summary = json.loads((subs / "2026-12-07_random" / "summary.json").read_text())
+    summary["run"]["seed"] = 3  # training worlds
+    (subs / "2026-12-07_random" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SubmissionError, match="held-out worlds"):
+        load_submission(subs / "2026-12-07_random")
