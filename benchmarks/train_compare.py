@@ -48,8 +48,7 @@ def held_out(run: dict, with_experience: bool = False) -> list[tuple[int, float,
 
 
 def episodes_at(run: dict) -> dict[int, int]:
-    """Training episodes played before each step's end: ``{step: cumulative episodes}`` (0 at step 0).
-    Files without the per-step count (before issue 46) count the scheduled episodes."""
+    """Training episodes played before each step's end: ``{step: cumulative episodes}`` (0 at step 0)."""
     out, total = {0: 0}, 0
     for step, played in run.get("episodes_played", []):
         total += played
@@ -118,6 +117,10 @@ def comparison_lines(runs: list[dict]) -> list[str]:
             variants += [(True, "steps")]
         for with_exp, by in variants:
             label = f"{a_mode}{' (with experience)' if with_exp else ''} - {b_mode}, equal {by}"
+            if by == "episodes" and not all(by_mode[m][seed].get("episodes_played") for m in (a_mode, b_mode)
+                                            for seed in common):
+                lines.append(f"- {label}: episodes played per step not recorded (a run from before issue 46)")
+                continue
             finals = []
             for seed in common:
                 d = paired(by_mode[a_mode][seed], by_mode[b_mode][seed], with_exp, by)

@@ -153,8 +153,8 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
             row["step0_gap_points"] = 100 * (evals[0]["with_experience"] - evals[0]["success"])
             row["step0_gap_se_points"] = 100 * (evals[0]["with_experience_se"] ** 2 + evals[0]["success_se"] ** 2) ** 0.5
     # per step: every episode played (dynamic sampling's extra groups too), the informative ones kept for the
-    # update and the share of those played with experience (files before issue 46: the scheduled episodes)
-    row["episodes_played"] = [(m["step"], m.get("episodes_played", m.get("episodes", 0))) for m in metrics]
+    # update and the share of those played with experience (not logged before issue 46)
+    row["episodes_played"] = [(m["step"], m["episodes_played"]) for m in metrics if "episodes_played" in m]
     row["episodes_kept"] = [(m["step"], m["episodes_kept"], m["kept_with_experience"])
                             for m in metrics if "episodes_kept" in m]
     row["tool_choice_rate"] = [(m["step"], m["rollout/tool_choice_rate"]) for m in metrics
