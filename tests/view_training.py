@@ -8,6 +8,7 @@ trainer writes (:mod:`crl_agent.train_evals`); the same held-out seed is played 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from pathlib import Path
 
 TASK = "crl/MiniHack-Room-Random-5x5-Short-v0"
@@ -27,7 +28,9 @@ def train_run(out: Path, tiny: str, mode: str = "grpo", steps: int = 2, eval_eve
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        asyncio.run(train(cfg, out, quiet=True))
+        # in a thread of its own: a browser test's Playwright keeps an event loop running in this one
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, train(cfg, out, quiet=True)).result()
     finally:
         torch.set_num_threads(threads)
     return out
