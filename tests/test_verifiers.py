@@ -23,8 +23,11 @@ from crl_agent.serve import ChatServer  # noqa: E402
 from crl_envs.integrations.verifiers import (  # noqa: E402
     TextGymEnv,
     load_environment,
+    openai_client,
     tagged_action,
 )
+from crl_envs.remote import RemoteEnvError  # noqa: E402
+from tests.toy_envs import GuessEnv  # noqa: E402
 
 pytestmark = pytest.mark.verifiers
 SOKOBAN = "crl/Sokoban-6x6-1-v0"
@@ -110,3 +113,64 @@ def test_bad_arguments_fail_clearly():
         TextGymEnv(SOKOBAN, eval_seeds=[-1])
     with pytest.raises(ValueError, match=">= 0"):
         load_environment(SOKOBAN, num_eval_examples=-2)
+
+
+def test_a_plain_async_openai_client_is_accepted(server):
+    """What verifiers' users pass: ``openai.AsyncOpenAI`` itself (verifiers 0.3.1 alone refuses it)."""
+    env = load_environment(SOKOBAN, num_eval_examples=1, make_kwargs={"max_episode_steps": 2})
+    for client in (AsyncOpenAI(base_url=server.url, api_key="unused", max_retries=0), openai_client(server.url)):
+        out = env.evaluate_sync(client, server.model_name, sampling_args=SAMPLING, num_examples=1)
+        (row,) = out["outputs"]
+        assert row.get("error") is None and row["metrics"]["steps"] == 2
+
+
+def test_a_sync_openai_client_is_refused_with_the_fix():
+    from openai import OpenAI
+
+    env = load_environment(SOKOBAN, num_eval_examples=1)
+    with pytest.raises(TypeError, match="AsyncOpenAI"):
+        env.evaluate_sync(OpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused"), "m", num_examples=1)
+
+
+class CutShortEnv(GuessEnv):
+    """A served env's client as the server fails it: ``down`` loses the connection; seed 7 is refused at reset."""
+
+    def reset(self, *, seed=None, options=None):
+        if seed == 7:
+            raise RemoteEnvError("CAPACITY_REACHED: Server at capacity", code="CAPACITY_REACHED")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.history:
+            raise RemoteEnvError("http://x closed the session", code="CONNECTION_LOST")
+        if action == "raise":
+            raise RemoteEnvError("EXECUTION_ERROR: env bug", code="EXECUTION_ERROR", session_ended=False)
+        return super().step(action)
+
+
+@pytest.fixture(scope="module")
+def cut_short_id():
+    env_id = "test/CutShort-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=f"{__name__}:CutShortEnv", max_episode_steps=12)
+    return env_id
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_an_episode_the_server_cut_short_is_marked_and_errors_the_row(server, cut_short_id, seed):
+    """Lost mid-episode (seed 3: the second step) or refused at reset (seed 7): the row carries verifiers'
+    ``error`` (an infrastructure failure) and ``cut_short`` = 1."""
+    env = TextGymEnv(cut_short_id, eval_seeds=[seed], parse_action=lambda reply, admissible: "1")
+    out = env.evaluate_sync(client_for(server), server.model_name, sampling_args=SAMPLING, num_examples=1)
+    (row,) = out["outputs"]
+    code = "CAPACITY_REACHED" if seed == 7 else "CONNECTION_LOST"
+    assert row["metrics"]["cut_short"] == 1.0
+    assert row["error"] is not None and "cut short" in str(row["error"]) and code in str(row["error"])
+    assert row["metrics"]["steps"] == (0 if seed == 7 else 1)
+
+
+def test_an_env_error_that_keeps_the_session_is_raised_not_hidden_as_cut_short(server, cut_short_id):
+    """The served env raised on an action (a bug in the env): it is not the server cutting the episode short."""
+    env = TextGymEnv(cut_short_id, eval_seeds=[3], parse_action=lambda reply, admissible: "raise")
+    with pytest.raises(RemoteEnvError, match="EXECUTION_ERROR"):
+        env.evaluate_sync(client_for(server), server.model_name, sampling_args=SAMPLING, num_examples=1)

@@ -10,7 +10,11 @@ holds, and a ``Rubric`` scores the finished state. :class:`TextGymEnv` maps that
   tag, else the whole reply) goes to ``step``; the observation comes back as the user's message,
   and when the episode ends (terminated or truncated) it is the rollout's final env response;
 - **rubric**: the reward is the episode's return (the sum of ``step``'s rewards); ``success``,
-  ``progress``, ``steps`` and ``invalid_actions`` are metrics (weight 0).
+  ``progress``, ``steps``, ``invalid_actions`` and ``cut_short`` are metrics (weight 0);
+- **cut short**: where a served env's server ends the episode early (a restart, ``CAPACITY_REACHED``, a
+  timeout: a :class:`~crl_envs.remote.RemoteEnvError` that ends the session), the rollout stops with a
+  ``vf.InfraError`` (the row's ``error``, verifiers' mark of an infrastructure failure) and its
+  ``cut_short`` metric is 1: leave such rows out of an update.
 
 Each rollout makes its own env (``gymnasium.make``) and closes it when the rollout ends; ``reset``
 and ``step`` run in a worker thread so concurrent rollouts do not block verifiers' event loop::
@@ -19,6 +23,9 @@ and ``step`` run in a worker thread so concurrent rollouts do not block verifier
 
     env = load_environment("crl/Sokoban-6x6-1-v0", num_eval_examples=8)
     results = env.evaluate_sync(client, model="...", num_examples=8, rollouts_per_example=2)
+
+``client`` may be verifiers' own client or a plain ``openai.AsyncOpenAI`` (wrapped in verifiers'
+``OpenAIChatCompletionsClient``; :func:`openai_client` builds one for a base URL).
 
 verifiers pins ``mcp<2``, which the ``openenv`` extra cannot live beside: install it in a venv of its
 own (``make test-verifiers`` builds ``.venv-verifiers``).
@@ -34,10 +41,12 @@ from typing import Any
 import gymnasium as gym
 
 from crl_envs.registry import check_env_id
+from crl_envs.remote import RemoteEnvError
 
 try:
     import verifiers as vf
     from datasets import Dataset
+    from verifiers.clients import OpenAIChatCompletionsClient
 except ImportError as e:
     raise gym.error.DependencyNotInstalled(
         'the verifiers integration needs verifiers: pip install -e ".[verifiers]" in a venv without the openenv '
@@ -63,6 +72,29 @@ def tagged_action(reply: str, admissible: list[str] | None = None) -> str:
     return tags[-1] if tags else (reply or "").strip()
 
 
+def verifiers_client(client: Any) -> Any:
+    """``client`` as verifiers' ``evaluate``/``generate`` take it: a plain ``openai.AsyncOpenAI`` is wrapped in
+    ``OpenAIChatCompletionsClient``; verifiers' clients and ``ClientConfig`` pass through."""
+    try:
+        from openai import AsyncOpenAI, OpenAI
+    except ImportError:  # no openai: nothing to wrap
+        return client
+    if isinstance(client, AsyncOpenAI):
+        return OpenAIChatCompletionsClient(client)
+    if isinstance(client, OpenAI):
+        raise TypeError("verifiers runs rollouts concurrently and needs openai.AsyncOpenAI, not openai.OpenAI: "
+                        "use AsyncOpenAI(base_url=..., api_key=...) or openai_client(base_url)")
+    return client
+
+
+def openai_client(base_url: str, api_key: str = "unused", **kwargs: Any) -> OpenAIChatCompletionsClient:
+    """A verifiers client for an OpenAI-compatible server (e.g. ``python -m crl_agent.serve``, whose ``/v1``
+    base URL it prints); ``kwargs`` go to ``openai.AsyncOpenAI`` (e.g. ``max_retries``, ``timeout``)."""
+    from openai import AsyncOpenAI
+
+    return OpenAIChatCompletionsClient(AsyncOpenAI(base_url=base_url, api_key=api_key, **kwargs))
+
+
 def _message_text(message: Any) -> str:
     content = message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
     if isinstance(content, str):
@@ -74,12 +106,12 @@ def _message_text(message: Any) -> str:
 
 
 class EpisodeRubric(vf.Rubric):
-    """The episode's return as the reward; success, progress, steps and invalid actions as metrics."""
+    """The episode's return as the reward; success, progress, steps, invalid actions and cut short as metrics."""
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         self.add_reward_func(self.episode_return, weight=1.0)
-        for metric in (self.success, self.progress, self.steps, self.invalid_actions):
+        for metric in (self.success, self.progress, self.steps, self.invalid_actions, self.cut_short):
             self.add_metric(metric)
 
     async def episode_return(self, state: vf.State) -> float:
@@ -96,6 +128,10 @@ class EpisodeRubric(vf.Rubric):
 
     async def invalid_actions(self, state: vf.State) -> float:
         return float(state.get(EPISODE_KEY, {}).get("invalid", 0))
+
+    async def cut_short(self, state: vf.State) -> float:
+        """1 where the server ended the episode early (the rollout's ``error`` says why), else 0."""
+        return float(bool(state.get(EPISODE_KEY, {}).get("cut_short")))
 
 
 class TextGymEnv(vf.MultiTurnEnv):
@@ -158,9 +194,13 @@ class TextGymEnv(vf.MultiTurnEnv):
             raise ValueError(f"the dataset row has no info['seed'] (info={info!r}): build rows with seed_dataset")
         env = await asyncio.to_thread(gym.make, self.gym_env_id, **self.make_kwargs)
         state[ENV_KEY] = env
-        obs, env_info = await asyncio.to_thread(env.reset, seed=int(info["seed"]))
         state[EPISODE_KEY] = {"return": 0.0, "steps": 0, "invalid": 0, "success": False, "progress": 0.0,
-                              "admissible": env_info.get("admissible_actions")}
+                              "admissible": None, "cut_short": None}
+        try:
+            obs, env_info = await asyncio.to_thread(env.reset, seed=int(info["seed"]))
+        except RemoteEnvError as e:
+            raise self._cut_short(state, e) from None
+        state[EPISODE_KEY]["admissible"] = env_info.get("admissible_actions")
         prompt = list(state["prompt"])
         if prompt and getattr(prompt[-1], "role", None) == "user":
             prompt.pop()  # the row's placeholder
@@ -172,8 +212,13 @@ class TextGymEnv(vf.MultiTurnEnv):
         episode = state[EPISODE_KEY]
         reply = _message_text(messages[-1]) if messages else ""
         action = self.parse_action(reply, episode["admissible"])
-        obs, reward, terminated, truncated, info = await asyncio.to_thread(
-            state[ENV_KEY].step, "" if action is None else str(action))
+        try:
+            obs, reward, terminated, truncated, info = await asyncio.to_thread(
+                state[ENV_KEY].step, "" if action is None else str(action))
+        except RemoteEnvError as e:
+            if not e.session_ended:
+                raise  # the served env raised on this action: a bug to see, not the server cutting the episode
+            raise self._cut_short(state, e) from None
         episode["return"] += float(reward)
         episode["steps"] += 1
         episode["invalid"] += 0 if info.get("valid_action", True) else 1
@@ -184,6 +229,22 @@ class TextGymEnv(vf.MultiTurnEnv):
         if terminated or truncated:
             state["final_env_response"] = response
         return response
+
+    @staticmethod
+    def _cut_short(state: vf.State, error: RemoteEnvError) -> vf.InfraError:
+        """Mark the rollout as cut short by the server; the error that stops it (the row's ``error``)."""
+        state[EPISODE_KEY]["cut_short"] = error.code
+        return vf.InfraError(f"episode cut short by the env server ({error.code}): {error}")
+
+    async def generate(self, inputs: Any, client: Any, *args: Any, **kwargs: Any) -> Any:
+        """verifiers' ``generate`` (``evaluate`` calls it), also taking a plain ``openai.AsyncOpenAI``."""
+        return await super().generate(inputs, verifiers_client(client), *args, **kwargs)
+
+    async def run_rollout(self, input: Any, client: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+        return await super().run_rollout(input, verifiers_client(client), *args, **kwargs)
+
+    async def run_group(self, group_inputs: Any, client: Any, *args: Any, **kwargs: Any) -> Any:
+        return await super().run_group(group_inputs, verifiers_client(client), *args, **kwargs)
 
     @vf.cleanup
     async def close_env(self, state: vf.State) -> None:
