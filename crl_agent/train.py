@@ -68,6 +68,7 @@ from typing import Any
 
 from crl_agent.agents import parse_agent_args
 from crl_agent.episode import Episode, EpisodeContext
+from crl_agent.memory import memory_row, release_free_heap
 from crl_agent.rl.batches import extractor_samples, turn_samples
 from crl_agent.rollout import play
 from crl_agent.train_config import (  # noqa: F401 - re-exported: crl_agent.train is where callers import them
@@ -149,6 +150,7 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
                 extractor_row = await extractor_update.join(step) if extractor_update is not None else {}  # 6.
             row = step_metrics(cfg, setup, step, batch, actor, times, extractor_row, merged, dist)   # 7.
             row["time_s"] = time.perf_counter() - t0
+            row.update(memory_row())  # resident memory after the step, and the run's peak so far
             if dist.main:
                 append_jsonl(out / "metrics.jsonl", row)
                 scalars.add(row, "train/")
@@ -366,6 +368,8 @@ async def held_out_evaluation(cfg: TrainConfig, pool, setup: RunSetup, out: Path
     t0 = time.perf_counter()
     await sync_bank(setup.agent, out, dist)
     evals.append(await evaluate(cfg, pool, setup.agent, step, dist, record=out))
+    release_free_heap()  # the evaluation's freed forwards: back to the OS, so memory stays flat after it
+    evals[-1].update(memory_row())
     if clock is not None:
         spent = time.perf_counter() - t0
         evals[-1].update(train_time_s=clock.trained_s() - spent, eval_time_s=spent)

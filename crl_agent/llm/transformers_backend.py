@@ -75,6 +75,7 @@ from crl_agent.llm.constrained import SchemaCompiler
 from crl_agent.llm.hf_engine import ForwardEngine, GenRequest, ScoreOutput, ScoreRequest
 from crl_agent.llm.models import resolve_model_path
 from crl_agent.llm.prefix_cache import PrefixCache
+from crl_agent.memory import bound_onednn_caches, release_free_heap
 
 _TRUNCATION_MARK = "[...] "
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -180,6 +181,8 @@ class TransformersLLM(LLM):
         interleave_steps: int = 4,
     ):
         torch, transformers = _import_torch()
+        # before the first bf16 matmul (the dtype probe below): oneDNN reads its cache sizes once
+        bound_onednn_caches()
         self._torch, self._transformers = torch, transformers
         if num_threads:
             torch.set_num_threads(int(num_threads))
@@ -364,8 +367,21 @@ class TransformersLLM(LLM):
 
         The safe way to change weights in place (e.g. load a trainer's state dict): no batch runs
         while ``fn`` does, and the prefix cache is cleared before the next one. Returns the new version.
+
+        The prefix cache is dropped before ``fn`` runs too (it is stale after it anyway), so a trainer's
+        activations do not sit on top of a full cache, and the heap ``fn`` freed goes back to the OS
+        after it (:func:`crl_agent.memory.release_free_heap`): without both, a training run's resident
+        memory climbed by gigabytes a step (issue 47).
         """
-        await self._batcher.run_exclusive(lambda: fn(self.model))
+
+        def exclusive() -> None:
+            self.prefix_cache.clear()
+            try:
+                fn(self.model)
+            finally:
+                release_free_heap()
+
+        await self._batcher.run_exclusive(exclusive)
         return self.bump_policy_version()
 
     def _weights_changed(self) -> None:
