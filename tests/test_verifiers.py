@@ -174,3 +174,18 @@ def test_an_env_error_that_keeps_the_session_is_raised_not_hidden_as_cut_short(s
     env = TextGymEnv(cut_short_id, eval_seeds=[3], parse_action=lambda reply, admissible: "raise")
     with pytest.raises(RemoteEnvError, match="EXECUTION_ERROR"):
         env.evaluate_sync(client_for(server), server.model_name, sampling_args=SAMPLING, num_examples=1)
+
+
+def test_the_readme_example_runs_as_written(server, capsys):
+    """The README's verifiers block, against the tiny served model instead of SmolLM2 (URL and name swapped)."""
+    import os
+    import re
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md"),
+                  encoding="utf-8").read()
+    section = readme.split("### verifiers", 1)[1].split("\n## ", 1)[0]
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL) if "evaluate_sync" in b]
+    assert 'AsyncOpenAI(base_url="http://127.0.0.1:8001/v1"' in code and '"smollm2"' in code
+    exec(code.replace("http://127.0.0.1:8001/v1", server.url).replace('"smollm2"', repr(server.model_name)), {})
+    out = capsys.readouterr().out
+    assert re.search(r"reward \d\.\d{3}, solved \d of 4, cut short 0", out), out
