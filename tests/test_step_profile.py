@@ -1,0 +1,66 @@
+"""benchmarks/step_profile.py: a step's parts, their tokens and FLOPs, and the ratio to the matmul limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import step_profile  # noqa: E402
+
+
+def test_flops_count_the_decoder_per_token_and_the_output_layer_only_where_scored():
+    sizes = {"decoder": 1000, "trainable": 10, "hidden": 4, "vocab": 50}
+    assert step_profile.forward_flops(sizes, tokens=3, logit_rows=2) == 2 * 1000 * 3 + 2 * 4 * 50 * 2
+    # backward: input gradients (as the forward) plus the trainable weights' gradients
+    assert step_profile.backward_flops(sizes, 3, 2) == step_profile.forward_flops(sizes, 3, 2) + 2 * 10 * 3
+
+
+def test_the_table_divides_each_part_by_the_steps_and_prices_it_at_the_matmul_rate():
+    acc = step_profile.Account()
+    acc.sizes = {"actor": {"decoder": 10**8, "trainable": 10**6, "hidden": 500, "vocab": 1000}}
+    acc.add("rollout prefill+scoring", 8.0, tokens=20_000, padded_tokens=24_000, logit_rows=1_000)
+    acc.add("rollout wall", 14.0)
+    acc.add("update forward", 3.0, tokens=5_000, padded_tokens=6_000, logit_rows=100)
+    acc.add("eval episode", 30.0, episodes=10)
+    acc.add("eval prefill+scoring", 20.0, tokens=40_000, logit_rows=0)
+    rows = step_profile.table(acc, gflops=1000.0, steps=2)
+    pre = rows["rollout prefill+scoring"]
+    flops = 2 * 10**8 * 20_000 + 2 * 500 * 1000 * 1_000
+    assert pre["seconds"] == 4.0 and pre["tokens"] == 10_000 and pre["padded_tokens"] == 12_000
+    assert pre["limit_s"] == pytest.approx(flops / 2 / 1e12) and pre["x_limit"] == pytest.approx(8.0 / (flops / 1e12))
+    assert rows["rollout other"]["seconds"] == 3.0  # the rollouts' wall time the forwards do not explain
+    assert rows["old-log-prob pass"]["seconds"] == 0.0
+    assert rows["eval episode"]["seconds"] == 3.0 and rows["eval episode"]["tokens"] == 4_000  # per episode
+
+
+def test_host_slug_is_a_file_name():
+    assert step_profile.host_slug("Intel(R) Xeon(R) Platinum 8488C") == "intel-r-xeon-r-platinum-8488c"
+    assert step_profile.host_slug("AMD EPYC 9R14 96-Core Processor") == "amd-epyc-9r14-96-core-processor"
+
+
+def test_one_profiled_step_of_the_tiny_model_accounts_for_its_parts(tiny):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "step_profile.py"), "--one", "grpo", "--steps", "2",
+           "--eval-episodes", "2", "--gflops", "100"]
+    for kv in (f"model={tiny}", "dtype=float32", "groups=1", "group-size=2", "turns-per-episode=1",
+               "dynamic-sampling=0", "max-steps=3", "lora-rank=4", "threads=1", "diagnose-every=1",
+               "entropy-coef=0.01"):  # an entropy term: every turn trains, whatever the tiny model's outcomes
+        cmd += ["--set", kv]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("STEP_PROFILE ")).split(" ", 1)[1])
+    parts = run["parts"]
+    for name in ("rollout prefill+scoring", "update forward", "update backward", "diagnostics", "eval episode"):
+        assert parts[name]["seconds"] > 0 and parts[name]["tokens"] > 0 and parts[name]["x_limit"] > 0, name
+    assert parts["env steps"]["steps_played"] >= 1 and parts["old-log-prob pass"]["seconds"] == 0.0
+    # the update's forward covers exactly the trained turns' tokens, padding apart
+    assert parts["update forward"]["padded_tokens"] >= parts["update forward"]["tokens"]
+    assert [s["step"] for s in run["steps"]] == [1, 2] and all(s["rss_mb"] > 0 for s in run["steps"])
