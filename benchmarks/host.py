@@ -47,11 +47,14 @@ import asyncio
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
+STEP_PROFILES = ROOT / "benchmarks" / "results" / "step_profile"
 TASK = "crl/MiniHack-Room-Random-5x5-Short-v0"
 MODEL_SHAPE = (512, 576, 1536)  # tokens x hidden x MLP width of SmolLM2-135M: its largest matmuls
 SESSION_HOURS = 2.5
@@ -107,6 +110,36 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def host_slug(model: str | None = None) -> str:
+    """A file name for this CPU: its model name, lower-case, runs of other characters as one dash."""
+    return re.sub(r"[^a-z0-9]+", "-", (model or cpu_model()).lower()).strip("-") or "unknown"
+
+
+def profiled_times(model: str | None = None) -> dict[str, Any] | None:
+    """This CPU's measured step and evaluation seconds from its committed step profile
+    (``benchmarks/results/step_profile/<host-slug>.json``, :mod:`benchmarks.step_profile`): the mean grpo
+    step, the crl step's factor over it, and a 64-episode held-out evaluation; ``None`` without a profile."""
+    path = STEP_PROFILES / f"{host_slug(model)}.json"
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    runs = {r["mode"]: r for r in record.get("runs", [])}
+    if "grpo" not in runs or not runs["grpo"]["steps"]:
+        return None
+
+    def step_s(run):
+        return sum(s["time_s"] for s in run["steps"]) / len(run["steps"])
+
+    episode = runs["grpo"]["parts"].get("eval episode", {}).get("seconds")
+    out = {"source": str(path.relative_to(ROOT)), "step_s": step_s(runs["grpo"]), "date": record.get("date"),
+           "load_average": [record.get("load_average_start"), record.get("load_average_end")]}
+    if episode:
+        out["eval_s"] = EVAL_EPISODES * episode
+    if "crl" in runs and runs["crl"]["steps"]:
+        out["crl_step_factor"] = step_s(runs["crl"]) / out["step_s"]
+    return out
 
 
 def cpu_flags() -> dict[str, bool]:
@@ -260,10 +293,11 @@ def estimate(units: dict[str, float], diagnose_every: int = DIAGNOSE_EVERY) -> d
     return {"step_s": c_step * step, "eval_s": c_eval * evaluation, "c_step": c_step, "c_eval": c_eval}
 
 
-def benchmark_costs(step_s: float, eval_s: float, steps: int = 32) -> list[dict[str, Any]]:
+def benchmark_costs(step_s: float, eval_s: float, steps: int = 32,
+                    experience_step_factor: float = EXPERIENCE_STEP_FACTOR) -> list[dict[str, Any]]:
     """Estimated hours of each committed benchmark whose cost decides what a session here can run."""
     grpo = steps * step_s + EVALS_PER_RUN * eval_s
-    with_experience = steps * EXPERIENCE_STEP_FACTOR * step_s + EVALS_PER_RUN * EXPERIENCE_EVAL_FACTOR * eval_s
+    with_experience = steps * experience_step_factor * step_s + EVALS_PER_RUN * EXPERIENCE_EVAL_FACTOR * eval_s
     rows = [
         {"command": f"benchmarks/train_cpu.py --modes grpo --seeds S --steps {steps}", "seconds": grpo,
          "acceptance": True},
@@ -279,12 +313,13 @@ def benchmark_costs(step_s: float, eval_s: float, steps: int = 32) -> list[dict[
     return rows
 
 
-def verdict(step_s: float, eval_s: float, session_hours: float = SESSION_HOURS) -> dict[str, Any]:
+def verdict(step_s: float, eval_s: float, session_hours: float = SESSION_HOURS,
+            experience_step_factor: float = EXPERIENCE_STEP_FACTOR) -> dict[str, Any]:
     """Which benchmarks fit a session of ``session_hours``; the machine is *fast* when the acceptance
     run (one ``grpo`` seed, 32 steps) fits. ``line`` says it in one line."""
     if not (step_s > 0 and eval_s > 0 and session_hours > 0):
         raise ValueError(f"need positive step_s, eval_s and session_hours, got {step_s}, {eval_s}, {session_hours}")
-    rows = benchmark_costs(step_s, eval_s)
+    rows = benchmark_costs(step_s, eval_s, experience_step_factor=experience_step_factor)
     for row in rows:
         row["fits"] = row["hours"] <= session_hours
     fast = next(r for r in rows if r.get("acceptance"))["fits"]
@@ -326,8 +361,11 @@ def report(record: dict[str, Any]) -> str:
             f"{cpu['diagnostics_s']:.2f} s a sample (wall {wall['diagnostics_s']:.2f} s), {probe['update_samples']} "
             f"samples; model load {probe['load_s']:.0f} s, probe {probe['wall_s']:.0f} s in all",
             f"estimated GRPO step {est['step_s']:.0f} s (2 groups x 8, history 2, {TASK}), 64-episode held-out "
-            f"evaluation {est['eval_s'] / 60:.1f} min: the CPU units through the formula in benchmarks/host.py "
-            f"(x{est['c_step']:.2f} and x{est['c_eval']:.2f}, fitted on {CALIBRATION['cpu']}: 171 s, 3 min)"]
+            f"evaluation {est['eval_s'] / 60:.1f} min: "
+            + (f"measured on this kind of CPU by benchmarks/step_profile.py ({est['source']}; crl step "
+               f"x{est.get('experience_step_factor', EXPERIENCE_STEP_FACTOR):.2f})" if est.get("source") else
+               f"the CPU units through the formula in benchmarks/host.py (x{est['c_step']:.2f} and "
+               f"x{est['c_eval']:.2f}, fitted on {CALIBRATION['cpu']}: 171 s, 3 min)")]
     for row in v["benchmarks"]:
         out.append(f"  {'fits' if row['fits'] else 'no  '} {row['hours']:5.1f} h  {row['command']}")
     out.append(f"verdict: {v['line']}")
@@ -348,7 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         record["probe"] = probe_engine(record["engine_dtype"], args.threads, args.budget_s)
         record["estimate"] = estimate(record["probe"]["cpu"])
-        record["verdict"] = verdict(record["estimate"]["step_s"], record["estimate"]["eval_s"], args.session_hours)
+        profiled = profiled_times(record["cpu_model"])
+        if profiled is not None:  # real steps measured on this kind of CPU beat the probe's extrapolation
+            record["estimate"].update(step_s=profiled["step_s"], source=profiled["source"],
+                                      eval_s=profiled.get("eval_s", record["estimate"]["eval_s"]),
+                                      experience_step_factor=profiled.get("crl_step_factor", EXPERIENCE_STEP_FACTOR))
+        record["verdict"] = verdict(record["estimate"]["step_s"], record["estimate"]["eval_s"], args.session_hours,
+                                    record["estimate"].get("experience_step_factor", EXPERIENCE_STEP_FACTOR))
     print(json.dumps(record, indent=2) if args.json else report(record))
     return 0
 

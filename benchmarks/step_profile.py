@@ -42,7 +42,6 @@ import asyncio
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -55,16 +54,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from host import cpu_model, machine_record  # noqa: E402
+from host import STEP_PROFILES as RESULTS  # noqa: E402
+from host import host_slug, machine_record  # noqa: E402
 from train_cpu import CRL_SETTINGS, SETTINGS, flags  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results" / "step_profile"
 SCHEMA_VERSION = "1.0"
-
-
-def host_slug(model: str | None = None) -> str:
-    """A file name for this CPU: its model name, lower-case, runs of other characters as one dash."""
-    return re.sub(r"[^a-z0-9]+", "-", (model or cpu_model()).lower()).strip("-") or "unknown"
 
 
 # ---------------------------------------------------------------------------------------- counting

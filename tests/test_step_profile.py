@@ -64,3 +64,20 @@ def test_one_profiled_step_of_the_tiny_model_accounts_for_its_parts(tiny):
     # the update's forward covers exactly the trained turns' tokens, padding apart
     assert parts["update forward"]["padded_tokens"] >= parts["update forward"]["tokens"]
     assert [s["step"] for s in run["steps"]] == [1, 2] and all(s["rss_mb"] > 0 for s in run["steps"])
+
+
+def test_hostcheck_estimates_from_this_cpus_committed_profile_where_there_is_one(tmp_path, monkeypatch):
+    import host
+
+    monkeypatch.setattr(host, "STEP_PROFILES", tmp_path)
+    monkeypatch.setattr(host, "ROOT", tmp_path)
+    assert host.profiled_times("Some CPU 9000") is None
+    steps = [{"step": 1, "time_s": 50.0}, {"step": 2, "time_s": 70.0}]
+    record = {"date": "2026-12-08", "load_average_start": 1.0, "load_average_end": 2.0,
+              "runs": [{"mode": "grpo", "steps": steps, "parts": {"eval episode": {"seconds": 2.0}}},
+                       {"mode": "crl", "steps": [{"step": 1, "time_s": 90.0}], "parts": {}}]}
+    (tmp_path / "some-cpu-9000.json").write_text(json.dumps(record))
+    got = host.profiled_times("Some CPU 9000")
+    assert got["step_s"] == 60.0 and got["eval_s"] == 64 * 2.0 and got["crl_step_factor"] == 1.5
+    rows = host.benchmark_costs(got["step_s"], got["eval_s"], experience_step_factor=got["crl_step_factor"])
+    assert rows[1]["seconds"] == 32 * 1.5 * 60.0 + host.EVALS_PER_RUN * host.EXPERIENCE_EVAL_FACTOR * 128.0
