@@ -16,8 +16,11 @@ in bf16 on an AMX Xeon):
   its exact shape, and both oneDNN's primitive cache and ideep's (PyTorch's wrapper) keep up to 1,024 of
   them by default, each with buffers sized to its shape: the engine's forwards have a new token count
   almost every time, so the caches fill with one-off shapes. A ``576 x 1536`` bf16 linear over 1,000
-  distinct token counts kept ~0.9 GB after ``malloc_trim`` with the default capacities and ~0.1 GB
-  with both at 64 (``benchmarks/step_profile.py``). :func:`bound_onednn_caches` sets both capacities
+  distinct token counts (1-2,000) kept 0.86 GB after ``malloc_trim`` with the default capacities, 0.26 GB
+  with both at 256 and 0.08 GB at 64 (AMX Xeon; ``tests/test_memory_flat.py`` runs a smaller case). 64
+  is too few: decoding cycles through ~100 shapes (8 weight shapes x the batch's 1-12 rows), and at 64
+  each small matmul took 20% longer (kernels recompiled); at 256 it ran as at 1,024.
+  :func:`bound_onednn_caches` sets both capacities
   (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, ``LRU_CACHE_CAPACITY``) unless the user set them; they are read
   when the first bf16 matmul runs, so it must be called before that (the transformers backend calls it
   first thing).
@@ -39,8 +42,8 @@ import resource
 import sys
 
 # oneDNN and ideep keep this many compiled kernels each (their default is 1,024): enough for the shapes
-# that repeat (decoding steps, the update's micro-batches of a step), not for every one-off forward
-ONEDNN_CACHE_CAPACITY = 64
+# that repeat (decoding steps of 1-12 rows over 8 weight shapes), not for every one-off forward
+ONEDNN_CACHE_CAPACITY = 256
 _CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
