@@ -70,7 +70,7 @@ def main() -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from crl_envs.integrations.trl import environment_factory, tool_chat_template
+    from crl_envs.integrations.trl import environment_factory, log_cut_short, tool_chat_template
 
     model = args.model
     if model.lower() in ("smollm2", "smollm2-135m"):
@@ -91,13 +91,17 @@ def main() -> None:
                             max_tool_calling_iterations=args.max_tool_calls, learning_rate=args.lr, logging_steps=1,
                             report_to="none", save_strategy="no", use_cpu=not gpu,
                             bf16=gpu and torch.cuda.is_bf16_supported())
+        # log_cut_short scores nothing: it logs the fraction of rollouts the server cut short (TextEnvironment
+        # returns None for them, so TRL leaves them out of the update)
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=dataset,
+                              reward_funcs=[log_cut_short],
                               environment_factory=environment_factory("crl/Remote-v0", url=url))
         trainer.train()
         for entry in trainer.state.log_history:
             if "reward" in entry:
                 print(f"step {entry['step']}: reward {entry['reward']:.3f}, "
-                      f"tool calls per rollout {entry.get('tools/call_frequency', 0):.2f}")
+                      f"tool calls per rollout {entry.get('tools/call_frequency', 0):.2f}, "
+                      f"cut short {entry.get('cut_short', 0):.2f}")
     finally:
         if proc is not None:
             proc.terminate()
