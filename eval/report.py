@@ -221,7 +221,14 @@ def load_run_checked(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     # episodes.jsonl may hold more than the summary counts (a resumed run with fewer --episodes or
     # another --seed): plot only the episodes the summary is about.
     run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
-    if isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
+    if isinstance(run.get("stream"), int) and isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
+        # an experience-track run (--stream): worlds' episode seeds, with memory (sample 0) and without (1)
+        from crl_envs.persistent import episode_seed
+
+        wanted = {episode_key(e, episode_seed(run["seed"] + w, j), k) for e in summary["tasks"]
+                  for w in range(run["episodes"]) for j in range(run["stream"]) for k in (0, 1)}
+        latest = {k: r for k, r in latest.items() if k in wanted}
+    elif isinstance(run.get("seed"), int) and isinstance(run.get("episodes"), int):
         samples = run.get("samples") if isinstance(run.get("samples"), int) else 1
         wanted = {episode_key(e, run["seed"] + i, k) for e in summary["tasks"] for i in range(run["episodes"])
                   for k in range(samples)}

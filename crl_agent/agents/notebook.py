@@ -16,6 +16,11 @@ playing with and without memory is what they remember:
 
 - read memory only when ``ctx.with_experience`` is true; write it only when ``ctx.learning`` is true;
 - ``memory_reset()`` forgets everything (the harness calls it before the with-memory pass).
+
+**What they record** (the viewer's stream page shows it): each turn's trace holds ``memory_read``, what
+the episode recalled of its world (the solver's ``memory``), and a finished episode's ``extra`` holds
+``memory_written`` (how many entries it wrote) and ``memory_write`` (the entries themselves: the facts for
+``oracle-memory``, the notebook lines for ``notebook``).
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class _MemoryAgent(Agent):
     def write(self, key: tuple[str, Any], facts: dict[str, Any], episode: Episode) -> None:
         self.store[key] = merge_facts(self.store.get(key), facts)
         episode.extra["memory_written"] = len(facts)
+        episode.extra["memory_write"] = facts
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "memory_protocol": "with_experience/learning/memory_reset"}
@@ -124,6 +130,7 @@ class NotebookAgent(_MemoryAgent):
             return
         self.store[key] = {**self.store.get(key, {}), **notes}
         episode.extra["memory_written"] = len(notes)
+        episode.extra["memory_write"] = notes
 
     def recall(self, key: tuple[str, Any]) -> dict[str, Any] | None:
         notes = self.store.get(key)

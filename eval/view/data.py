@@ -136,7 +136,7 @@ def action_list(traj: dict[str, Any] | None) -> list[str] | None:
 def slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary fields the run page shows (agent and run config are kept whole: they are small)."""
     keep = ("schema_version", "package_version", "git_sha", "created", "python", "agent", "run", "tasks", "macro",
-            "errors", "incomplete", "train_eval")
+            "errors", "incomplete", "train_eval", "stream")
     return jsonable({k: summary.get(k) for k in keep if k in summary})
 
 
@@ -155,6 +155,7 @@ class RunData:
     actions: list[list[str] | None] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    stream: list[dict[str, Any]] = field(default_factory=list)  # a stream run's episodes (eval.view.stream)
 
 
 # Columns of one episode-index row, in order.
@@ -244,10 +245,11 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
     # if it is one the summary is about (load_run leaves out records of other seeds, and so does this).
     run = summary.get("run") if summary is not None and isinstance(summary.get("run"), dict) else {}
     first, count = run.get("seed"), run.get("episodes")
+    per_world = 1000 if isinstance(run.get("stream"), int) else 1  # a stream's seeds: world * 1000 + j
     for k, t in trajs.items():
         in_run = summary is None or (k[0] in summary["tasks"] and (
             not isinstance(first, int) or not isinstance(count, int)
-            or (isinstance(k[1], int) and first <= k[1] < first + count)))
+            or (isinstance(k[1], int) and first <= k[1] // per_world < first + count)))
         if k not in by_key and in_run and isinstance(t.get("summary"), dict):
             by_key[k] = {**t["summary"], "env_id": k[0], "seed": k[1], "sample": k[2]}
     if summary is None:
@@ -259,8 +261,11 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
     def order(k: tuple[str, int | str, int]) -> tuple[int, float, str, int]:
         return task_idx[k[0]], k[1] if isinstance(k[1], int) else math.inf, str(k[1]), k[2]
 
+    from eval.view.stream import is_stream_run, stream_entry
+
     data = RunData(id=run_id, label=label or agent_label(summary), folder=str(run_dir),
                    summary=slim_summary(summary), tasks=tasks, warnings=problems)
+    streamed = is_stream_run(summary)
     for k in sorted(by_key, key=order):
         r, traj = by_key[k], trajs.get(k)
         data.rows.append([
@@ -272,6 +277,9 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
         data.payloads.append(episode_payload(traj) if traj else None)
         data.search.append(search_text(traj, r))
         data.actions.append(action_list(traj))
+        entry = stream_entry(len(data.rows) - 1, r, traj) if streamed else None
+        if entry is not None:
+            data.stream.append({"task": task_idx[k[0]], "seed": jsonable(k[1]), **entry})
     with_steps = sum(p is not None for p in data.payloads)
     no_steps = len(data.rows) - with_steps if traj_file != "missing" else 0
     if caught:  # eval.trajectories' warning says only that one torn record was skipped: count what it cost

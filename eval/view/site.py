@@ -9,6 +9,8 @@ Layout of ``OUT``::
     data/<run>/traj-N.js     steps of consecutive episodes, about CHUNK_BYTES each (loaded per episode)
     data/<run>/search-N.js   the search text of consecutive episodes (loaded on the first search)
     data/<run>/actions.js    every episode's actions (loaded by the compare view)
+    data/<run>/stream.js     an experience-track run's episodes in stream order with what each read from memory
+                             and wrote (eval.view.stream; loaded by the stream page and compare)
     data/stamp.js            the build's id: a page built with --watch loads it again now and then, and reloads
                              itself when a newer build has replaced the data
 
@@ -41,7 +43,7 @@ CHUNK_BYTES = 256 * 1024
 SEARCH_CHUNK_BYTES = 2 * 1024 * 1024
 MARKER = ".crl-view-site"
 APP_SCRIPTS = ("core.js", "leaderboard.js", "run.js", "episodes.js", "steps.js", "episode.js", "compare.js",
-               "chart.js", "training.js", "main.js")
+               "chart.js", "training.js", "stream.js", "main.js")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
        "connect-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'")
@@ -151,6 +153,8 @@ def write_run(data_dir: Path, run: RunData, sizes: list[int]) -> dict[str, Any]:
     vocab: dict[str, int] = {}
     ids = [None if a is None else [vocab.setdefault(x, len(vocab)) for x in a] for a in run.actions]
     _write(folder / "actions.js", _script(f"{run.id}/actions", {"vocab": list(vocab), "episodes": ids}), sizes)
+    if run.stream:
+        _write(folder / "stream.js", _script(f"{run.id}/stream", run.stream), sizes)
     return {
         "id": run.id, "label": run.label, "folder": run.folder, "tasks": run.tasks, "summary": run.summary,
         "episodes": len(run.rows), "trajectories": run.meta.get("trajectories", 0), "chunks": len(groups),
@@ -158,6 +162,7 @@ def write_run(data_dir: Path, run: RunData, sizes: list[int]) -> dict[str, Any]:
         "episodes_file": run.meta.get("episodes_file", "present"),
         "trajectories_file": run.meta.get("trajectories_file", "present"),
         "no_steps": run.meta.get("no_steps", 0), "training": run.meta.get("training"),
+        "stream_episodes": len(run.stream),
     }
 
 

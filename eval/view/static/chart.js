@@ -23,7 +23,7 @@
     return out;
   }
 
-  // spec: {title, id, format(y) -> text, yMin, yMax, xMin, xMax (each may be left out: from the data), series: [{name, key,
+  // spec: {title, id, xName (the readout's word for x; "step" if left out), format(y) -> text, yMin, yMax, xMin, xMax (each may be left out: from the data), series: [{name, key,
   // points: [{x, y, se}], markers: bool, dashed: bool}]}. onCursor(x) is called when the cursor moves here.
   // Returns {el, setCursor(x), xs}; el holds the legend, the chart and the readout.
   V.lineChart = function (spec, onCursor) {
@@ -100,7 +100,7 @@
 
     function place() {
       if (!geom) return;
-      if (cursor === null) { geom.guide.setAttribute("visibility", "hidden"); readout.textContent = "Point at (or tap) the chart for the values at a step."; return; }
+      if (cursor === null) { geom.guide.setAttribute("visibility", "hidden"); readout.textContent = "Point at (or tap) the chart for the values at " + (spec.xName ? "an " + spec.xName : "a step") + "."; return; }
       geom.guide.setAttribute("x1", geom.X(cursor)); geom.guide.setAttribute("x2", geom.X(cursor));
       geom.guide.setAttribute("visibility", "visible");
       const parts = [];
@@ -109,7 +109,7 @@
         const p = s.points.find(function (q) { return q.x === cursor; });
         if (p) parts.push(s.name + " " + spec.format(p.y) + (p.se ? " ± " + spec.format(p.se) : ""));
       });
-      readout.textContent = "step " + cursor + ": " + (parts.length ? parts.join(" · ") : "no value at this step");
+      readout.textContent = (spec.xName || "step") + " " + cursor + ": " + (parts.length ? parts.join(" · ") : "no value at this step");
     }
 
     let width = 0;

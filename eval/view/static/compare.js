@@ -22,11 +22,16 @@
     return V.el("div", { className: "filters" }, V.el("label", null, "A ", sa), V.el("label", null, " B ", sb));
   }
 
-  // Episodes of A that B has too (same task, seed and sample), in A's order.
-  function pairsOf(ia, ib) {
+  // An experience-track run against itself: each seed played with memory (sample 0, side A) and without (sample 1, B).
+  function memoryPair(ra, rb) { return ra.id === rb.id && V.isStreamRun(ra); }
+
+  // Episodes of A that B has too (same task, seed and sample), in A's order; for a memory pair, each
+  // with-memory episode and the without-memory episode of its seed.
+  function pairsOf(ia, ib, mem) {
     const pairs = [];
     for (const ea of ia.episodes) {
-      const eb = V.findEpisode(ib, ea.env, ea.seed, ea.sample);
+      if (mem && ea.sample !== 0) continue;
+      const eb = V.findEpisode(ib, ea.env, ea.seed, mem ? 1 : ea.sample);
       if (eb) pairs.push({ env: ea.env, seed: ea.seed, sample: ea.sample, a: ea, b: eb });
     }
     return pairs;
@@ -72,8 +77,8 @@
   function overview(root, ra, rb, params, current) {
     return Promise.all([V.index(ra), V.index(rb), V.actions(ra), V.actions(rb)]).then(function (r) {
       if (!current()) return;
-      const ia = r[0], ib = r[1], aa = r[2], ab = r[3];
-      const pairs = pairsOf(ia, ib);
+      const ia = r[0], ib = r[1], aa = r[2], ab = r[3], mem = memoryPair(ra, rb);
+      const pairs = pairsOf(ia, ib, mem);
       if (!pairs.length) {
         root.appendChild(V.el("p", { id: "no-pairs", className: "note" }, "No task/seed pair is in both runs. " + whyNoPairs(ra, rb, ia, ib)));
         return;
@@ -87,8 +92,8 @@
       root.appendChild(V.el("p", { className: "note" }, pairs.length + " task/seed pairs in both runs; " + split.length +
         " where one succeeded and the other did not." + (noSteps.length ? " " + noSteps.join(" and ") +
           " recorded no trajectories, so steps and the first differing action are unknown." : "")));
-      const head = V.el("thead", null, V.el("tr", null, ["task", "seed", "sample", ["A: ", V.el("span", { className: "clip", title: ra.label }, ra.label)],
-        ["B: ", V.el("span", { className: "clip", title: rb.label }, rb.label)], "first differing action"]
+      const head = V.el("thead", null, V.el("tr", null, ["task", "seed", "sample", ["A: ", V.el("span", { className: "clip", title: ra.label }, mem ? "with memory" : ra.label)],
+        ["B: ", V.el("span", { className: "clip", title: rb.label }, mem ? "without memory" : rb.label)], "first differing action"]
         .map(function (h) { return V.el("th", null, h); })));
       root.appendChild(V.el("h2", null, "One succeeded, the other did not (" + split.length + ")"));
       root.appendChild(split.length ? V.scrollTable(V.el("table", { className: "grid", id: "split-table" }, head, V.el("tbody", null,
@@ -127,28 +132,44 @@
       V.stepBody(s, t, data.adm, q, mode === "compact" && t > 0 ? steps[t - 1] : null));
   }
 
-  function sideLabel(letter, run, ep, env, seed, sample) {
+  function sideLabel(letter, run, ep, env, seed, sample, pass) {
     return V.el("div", { className: "side-label" }, V.el("b", null, letter + " "),
-      V.el("a", { href: ep ? V.link("episode", { run: run.id, task: env, seed: seed, sample: sample }) : "#/", title: run.label }, run.label),
+      V.el("a", { href: ep ? V.link("episode", { run: run.id, task: env, seed: seed, sample: sample }) : "#/", title: run.label }, pass || run.label),
       " ", ep ? V.outcomeBadge(ep.outcome) : null);
+  }
+
+  // A memory pair's note: the stream place of the episode, and what the with-memory play read and wrote.
+  function memoryNote(run, env, seed) {
+    const box = V.el("div", { id: "pair-memory", className: "pair-memory" });
+    V.streamData(run).then(function (entries) {
+      const on = V.streamEntry(entries, env, seed, true);
+      if (!on) return;
+      V.append(box, [V.el("p", { className: "note" }, "World " + on.world + ", episode " + (on.j + 1) + " of its ",
+        V.el("a", { href: V.link("stream", { run: run.id, task: env }) }, "stream"), ". A played it with the memory the " +
+        "world's earlier episodes left; B played the same seed with memory off."),
+      V.el("div", { className: "stream-pair" }, V.memoryList("A read from memory", on.read, "read"), V.memoryList("A wrote to memory", on.wrote, "wrote"))]);
+    });
+    return box;
   }
 
   function sideBySide(root, ra, rb, params, current) {
     const env = params.get("task"), seed = params.get("seed"), sample = params.get("sample") || "0";
+    const mem = memoryPair(ra, rb), sampleB = mem ? "1" : sample;
     return Promise.all([V.index(ra), V.index(rb)]).then(function (r) {
-      const ea = V.findEpisode(r[0], env, seed, sample), eb = V.findEpisode(r[1], env, seed, sample);
+      const ea = V.findEpisode(r[0], env, seed, sample), eb = V.findEpisode(r[1], env, seed, sampleB);
       if (!ea && !eb) throw new Error("Neither run has " + env + " seed " + seed + " sample " + sample + ".");
       return Promise.all([ea ? V.episodeData(ra, ea) : null, eb ? V.episodeData(rb, eb) : null]).then(function (d) {
         if (!current()) return;
         const sa = d[0] ? d[0].steps.map(V.step) : [], sb = d[1] ? d[1].steps.map(V.step) : [];
         const div = d[0] && d[1] ? V.firstDivergence(sa.map(function (s) { return s.action; }), sb.map(function (s) { return s.action; })) : null;
-        const pairs = pairsOf(r[0], r[1]);
+        const pairs = pairsOf(r[0], r[1], mem);
         const at = pairs.findIndex(function (p) { return p.env === env && String(p.seed) === String(seed) && String(p.sample) === String(sample); });
         function go(dir) {
           const p = pairs[at + dir];
           if (at >= 0 && p) location.hash = V.link("compare", { a: ra.id, b: rb.id, task: p.env, seed: p.seed, sample: p.sample, view: params.get("view") });
         }
-        root.appendChild(V.el("h2", null, env + " · seed " + seed + (Number(sample) ? " · sample " + sample : "")));
+        root.appendChild(V.el("h2", null, env + " · seed " + seed + (Number(sample) ? " · sample " + sample : "") + (mem ? " · with vs without memory" : "")));
+        if (mem) root.appendChild(memoryNote(ra, env, seed));
         root.appendChild(V.el("p", { id: "divergence", className: "note" }, div === null ? "One side has no trajectory." : div < 0
           ? "Both runs took the same actions." : ["The actions first differ at step " + div + ". ",
             V.el("button", { type: "button", id: "goto-diff", onclick: function () { select(div, true); } }, "show it (d)")]));
@@ -167,7 +188,8 @@
         const tls = [[sa, "A", ra, ea], [sb, "B", rb, eb]].map(function (x) {
           const tl = x[0].length ? V.timeline(x[0], pick, "steps of run " + x[1], Math.max(sa.length, sb.length)) : null;
           if (tl && div !== null && div >= 0 && tl.marks[div]) tl.marks[div].classList.add("diverge");
-          lines.push(sideLabel(x[1], x[2], x[3], env, seed, sample), tl ? tl.el : V.el("div", { className: "note" }, "no steps"));
+          lines.push(sideLabel(x[1], x[2], x[3], env, seed, x[1] === "B" ? sampleB : sample, mem ? (x[1] === "A" ? "with memory" : "without memory") : null),
+            tl ? tl.el : V.el("div", { className: "note" }, "no steps"));
           return tl;
         });
         const modeBtn = V.modeButton(function () { return mode; }, function () { mode = mode === "compact" ? "full" : "compact"; draw(); });
@@ -233,12 +255,17 @@
 
   V.pages.compare = function (params, root, current) {
     const runs = V.site().runs;
-    const a = params.get("a") || (runs[0] && runs[0].id), b = params.get("b") || (runs[1] && runs[1].id);
+    // a site of one experience-track run compares it with itself: with memory against without
+    const a = params.get("a") || (runs[0] && runs[0].id);
+    const b = params.get("b") || (runs[1] && runs[1].id) || (runs.length === 1 && V.isStreamRun(runs[0]) ? a : undefined);
     V.setCrumbs([{ text: "Compare", href: V.link("compare", { a: a, b: b }) }].concat(params.get("task") ? [{ text: V.shortTask(params.get("task")) + " #" + params.get("seed") }] : []));
     document.title = "Compare · crl-bench";
-    root.appendChild(V.el("h1", null, "Compare two runs"));
+    const mem = a && b && memoryPair(V.run(a), V.run(b));
+    root.appendChild(V.el("h1", null, mem ? "Compare with and without memory" : "Compare two runs"));
     root.appendChild(pickers(a, b));
-    if (runs.length < 2) { root.appendChild(V.el("p", { className: "note" }, "This site holds one run; build it with two or more to compare.")); return null; }
+    if (mem) root.appendChild(V.el("p", { className: "note", id: "memory-pair-note" }, "A and B are the same experience-track run: " +
+      "A is each episode played with memory, B the same seed played without."));
+    if (runs.length < 2 && !mem) { root.appendChild(V.el("p", { className: "note" }, "This site holds one run; build it with two or more to compare.")); return null; }
     if (!a || !b) return null;
     const ra = V.run(a), rb = V.run(b);
     return params.get("task") ? sideBySide(root, ra, rb, params, current) : overview(root, ra, rb, params, current);

@@ -49,6 +49,8 @@
     // A summary-only run (a leaderboard submission of summary.json alone) offers no lists it could not fill.
     root.appendChild(run.episodes ? V.el("p", { className: "actions" },
       V.el("a", { className: "button", href: V.link("episodes", { run: run.id }) }, "Episodes (" + run.episodes + ")"),
+      V.isStreamRun(run) ? V.el("a", { className: "button", id: "stream-link", href: V.link("stream", { run: run.id }) },
+        "Stream: with vs without memory") : null,
       run.trajectories ? null : V.el("span", { className: "note" }, " This run has no trajectories: each episode's summary only."),
       V.site().runs.length > 1 ? V.el("a", { className: "button", href: V.link("compare", { a: run.id }) }, "Compare with another run") : null)
       : V.el("p", { className: "note", id: "summary-only" }, V.noEpisodes(run)));
