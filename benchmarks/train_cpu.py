@@ -92,9 +92,12 @@ SETTINGS = {
 # ~10 after step 1: 4+ distillations a step, valid by the schema). So 8 calls an update (an eighth of the
 # paper's 64, as our 16 rollouts a step are an eighth of its 128) after 4 warm-up steps (the bank has entries
 # from ~2 steps and their outcomes from ~2 more) gives an update about every step from step 5 on, and at
-# least one every 4 steps from step 8 (tests/test_crl_schedule.py runs this schedule).
+# least one every 4 steps from step 8 (tests/test_crl_schedule.py runs this schedule). The buffer holds 8 (the
+# official buffer's capacity equals its batch): by step 9 a run with an unbounded one had queued 100 calls against
+# the 8 an update takes (~30 a step come in once the bank holds ~80 entries), so its updates trained on evidence
+# steps old, under extractor weights several updates back; bounded, each update trains on the newest evidence.
 CRL_SETTINGS = {"distil-per-group": 2, "distil-workers": 8, "merge-every": 1, "extractor-batch": 8,
-                "extractor-warmup": 4}
+                "extractor-warmup": 4, "extractor-buffer": 8}
 
 
 # the per-step diagnostics the results keep and plot: (name in the results, metrics.jsonl key)

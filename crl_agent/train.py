@@ -191,18 +191,21 @@ async def bank_upkeep(cfg: TrainConfig, setup: RunSetup, step: int, out: Path, d
 
 
 async def start_extractor_update(cfg: TrainConfig, setup: RunSetup, step: int, dist) -> ExtractorUpdate | None:
-    """2. On rank 0 in crl mode after ``--extractor-warmup`` steps, once ``--extractor-batch`` calls have a
-    meta-reward: launch one CISPO step on them, beside this step's rollouts. The bank is fenced meanwhile
+    """2. On rank 0 in crl mode after ``--extractor-warmup`` steps, once the training buffer holds
+    ``--extractor-batch`` calls ready to train (``--extractor-buffer`` bounds it: the older ones are dropped):
+    launch one CISPO step on them, beside this step's rollouts. The bank is fenced meanwhile
     (the manager holds distillations and merges, which then run on the new weights). ``--extractor-async
     0`` waits for it here instead. ``None`` when there is nothing to train."""
     if setup.extractor_learner is None or not dist.main or step < cfg.extractor_warmup:  # static: frozen
         return None
-    samples, used = extractor_samples(setup.manager, step, cfg.cooldown, cfg.extractor_batch)
+    samples, used, dropped = extractor_samples(setup.manager, step, cfg.cooldown, cfg.extractor_batch,
+                                               cfg.extractor_buffer)
     if not samples:
         return None
+    setup.manager.drop_from_buffer(dropped, step)
     setup.manager.pause_extractor()
     job = ExtractorUpdate(asyncio.create_task(update(setup.extractor_sync, setup.extractor_learner, samples)),
-                          used, setup.manager)
+                          used, setup.manager, row={"extractor/dropped": len(dropped)})
     if not cfg.extractor_async:
         await job.join(step)
     return job
@@ -478,7 +481,7 @@ class ExtractorUpdate:
         finally:
             self.manager.resume_extractor()
         self.manager.mark_trained(self.used, step)
-        self.row = {**{f"extractor/{k}": v for k, v in metrics.items()},
+        self.row = {**self.row, **{f"extractor/{k}": v for k, v in metrics.items()},
                     "extractor/reward": sum(s.reward for s in self.used) / len(self.used),
                     "extractor/wait_s": time.perf_counter() - t0}
         return self.row

@@ -29,7 +29,8 @@ BACKENDS = ("transformers", "vllm")  # where the actor's rollouts run (--backend
 # with the old default (so --resume compares against that), and one that resumes without the flag is refused with
 # the flag that continues it as it was (never silently switched to what it did not learn with)
 # issue 37: dynamic sampling on by default (the paper's algorithm: 0); truncated importance sampling added (0: none)
-CHANGED_DEFAULTS = {"dynamic_sampling": 0, "tis_cap": 0.0}
+# issue 46: the extractor's training buffer bounded (--extractor-buffer; before: unbounded, 0)
+CHANGED_DEFAULTS = {"dynamic_sampling": 0, "tis_cap": 0.0, "extractor_buffer": 0}
 TRAINER_AGENT_ARGS = frozenset({"llm", "model", "backend", "extractor", "extractor_model", "temperature", "score_norm",
                                 "action_mode", "seed", "history", "run_dir", "embedder", "explore", "learning"})
 
@@ -85,7 +86,10 @@ class TrainConfig:
     token_budget: int = 2048  # padded tokens per micro-batch: SmolLM2-135M keeps ~1.8 MB of activations a token
     # for the backward pass (8192 tokens peaked at ~16 GB of RAM; a CPU OOM kills the process, it raises nothing)
     extractor_lr: float = 1e-4
-    extractor_batch: int = 64  # calls with a meta-reward needed for one extractor update
+    extractor_batch: int = 64  # calls with new outcomes needed for one extractor update (the buffer's oldest)
+    # the training buffer's capacity: of the calls ready to train, the newest this many are kept and the older
+    # dropped (the official MemoryTrainingBuffer: 64, its batch); 0: unbounded
+    extractor_buffer: int = 64
     extractor_warmup: int = 5  # steps before the extractor trains
     extractor_async: int = 1  # 1: the extractor update runs beside the step's rollouts; 0: before them
     cooldown: int = 1  # count-aware reweighting: entries trained within this many steps get weight 0

@@ -42,6 +42,7 @@ def benchmark_settings() -> dict:
 def run(mode: str, tiny: str, out: Path, steps: int) -> list[dict]:
     s = benchmark_settings()
     schedule = ["--extractor-batch", str(s["extractor-batch"]), "--extractor-warmup", str(s["extractor-warmup"]),
+                "--extractor-buffer", str(s["extractor-buffer"]),
                 "--distil-per-group", str(s["distil-per-group"]), "--merge-every", str(s["merge-every"]),
                 "--groups", str(s["groups"]), "--group-size", str(s["group-size"]),
                 *[x for arg in s.get("agent-arg", []) for x in ("--agent-arg", arg)]]

@@ -51,12 +51,12 @@ class LogManager:
 def test_a_trained_call_returns_to_the_buffer_only_with_new_outcomes_and_their_reward_alone():
     m = LogManager([call("a"), call("b"), outcome("e1", True, "a"), outcome("e2", False, "b"),
                     outcome("e3", True, "a")])
-    samples, used = extractor_samples(m, step=5, cooldown=1, batch=2)
+    samples, used, _ = extractor_samples(m, step=5, cooldown=1, batch=2)
     assert [s.call_id for s in used] == ["a", "b"]  # FIFO: a was credited first
     assert [s.new_reward for s in used] == [1.0, -1.0] and [s.advantage for s in samples] == [1.0, -1.0]
     m.mark_trained(used, step=5)
     # no new evidence: the old code took the same two calls again (every other step, past the cooldown)
-    assert extractor_samples(m, step=9, cooldown=1, batch=1) == ([], [])
+    assert extractor_samples(m, step=9, cooldown=1, batch=1) == ([], [], [])
     assert training_buffer(m.training_samples(9)) == []
     m.calls.write(outcome("e4", False, "a"))
     (queued,) = training_buffer(m.training_samples(9))
@@ -68,21 +68,36 @@ def test_a_trained_call_returns_to_the_buffer_only_with_new_outcomes_and_their_r
 
 def test_the_buffer_keeps_a_call_cooling_down_for_a_later_update():
     m = LogManager([call("a"), call("b"), outcome("e1", True, "a")])
-    _, used = extractor_samples(m, step=3, cooldown=1, batch=1)
+    _, used, _ = extractor_samples(m, step=3, cooldown=1, batch=1)
     m.mark_trained(used, step=3)
     m.calls.write(outcome("e2", False, "a"))
     m.calls.write(outcome("e3", True, "b"))
-    _, used = extractor_samples(m, step=4, cooldown=1, batch=1)  # a is cooling down (trained at 3): b goes
+    _, used, _ = extractor_samples(m, step=4, cooldown=1, batch=1)  # a is cooling down (trained at 3): b goes
     assert [s.call_id for s in used] == ["b"]
     m.mark_trained(used, step=4)
-    _, used = extractor_samples(m, step=5, cooldown=1, batch=1)  # a waited in the buffer, and goes now
+    _, used, _ = extractor_samples(m, step=5, cooldown=1, batch=1)  # a waited in the buffer, and goes now
     assert [(s.call_id, s.new_reward) for s in used] == [("a", -1.0)]
+
+
+def test_a_bounded_buffer_keeps_the_newest_calls_and_lets_the_older_evidence_go():
+    m = LogManager([call("a"), call("b"), call("c"), outcome("e1", True, "a"), outcome("e2", False, "b"),
+                    outcome("e3", True, "c")])
+    assert extractor_samples(m, step=5, cooldown=1, batch=4, capacity=2) == ([], [], [])  # too few: nothing dropped
+    samples, used, dropped = extractor_samples(m, step=5, cooldown=1, batch=1, capacity=2)
+    assert [s.call_id for s in dropped] == ["a"] and [s.call_id for s in used] == ["b"]  # the oldest of the 2 kept
+    m.calls.write({"type": "dropped", "call_ids": ["a"], "step": 5})
+    m.mark_trained(used, step=5)
+    (left,) = training_buffer(m.training_samples(6))
+    assert left.call_id == "c"
+    m.calls.write(outcome("e4", False, "a"))  # a dropped call comes back with new evidence, and only that
+    a = next(s for s in m.training_samples(7) if s.call_id == "a")
+    assert (a.new_reward, a.new_episodes, a.weight) == (-1.0, 1, 1.0)  # dropping is not training: full weight
 
 
 def test_tokens_the_model_did_not_choose_are_masked_out_of_the_extractors_loss():
     m = LogManager([call("a", 4, chosen=[True, False, True, False]), call("b", 2, chosen=[False, False]),
                     call("c", 2), outcome("e1", True, "a", "b", "c")])
-    samples, used = extractor_samples(m, step=1, cooldown=1, batch=2)
+    samples, used, _ = extractor_samples(m, step=1, cooldown=1, batch=2)
     # b had no token of its own choosing: nothing to learn from, so it is not taken
     assert [s.call_id for s in used] == ["a", "c"]
     assert samples[0].response_mask == [True, False, True, False] and samples[1].response_mask is None

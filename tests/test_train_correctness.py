@@ -88,7 +88,7 @@ def test_held_out_evaluations_and_checkpoints_wait_for_the_steps_distillations(t
         distilled.append(traj.id)
         return await real_distil(self, traj)
 
-    async def evaluate(cfg, pool, agent, step, dist=None):
+    async def evaluate(cfg, pool, agent, step, dist=None, record=None):
         managers.append(agent.manager)
         pending_at_eval.append(agent.manager.pending)
         return await real_evaluate(cfg, pool, agent, step, dist)
@@ -150,8 +150,8 @@ def test_every_episode_of_a_step_searches_the_bank_flushed_before_it_and_the_ste
         finally:
             window[0] = None
 
-    async def search(self, query, k=None, task=None):
-        entries = await real_search(self, query, k, task)
+    async def search(self, query, k=None, task=None, record=True):
+        entries = await real_search(self, query, k, task, record)
         searches.append((len(windows) if window[0] is not None else 0,
                          [s.split("@")[0] for e in entries for s in e.sources]))
         return entries
@@ -202,13 +202,16 @@ def test_the_extractor_batch_leaves_out_calls_in_cooldown_and_carries_the_versio
         ans = await m.ask("what about corners?", task=TASK)
         m.record_outcome("ep1", [corners], True, call_ids=[ans.call_id])
         m.record_outcome("ep2", [corners], False)
-        samples, used = extractor_samples(m, 4, cooldown=1, batch=2)
+        samples, used, _ = extractor_samples(m, 4, cooldown=1, batch=2)
         assert [u.call_id for u in used] == [corners.origin, ans.call_id]
         assert [s.policy_version for s in samples] == [1, 2]  # the learner sees them as stale once it moved on
         m.mark_trained(used, step=4)
-        assert extractor_samples(m, 5, cooldown=1, batch=1) == ([], [])  # both cool down, the answer too
-        samples, used = extractor_samples(m, 6, cooldown=1, batch=2)
-        assert [s.advantage for s in samples] == pytest.approx([(0.0 - 0.5) * 2 ** -0.5, (1.0 - 0.5) * 2 ** -0.5])
+        m.record_outcome("ep3", [corners], True, call_ids=[ans.call_id])  # new evidence for both
+        assert extractor_samples(m, 5, cooldown=1, batch=1)[:2] == ([], [])  # both cool down, the answer too
+        samples, used, _ = extractor_samples(m, 6, cooldown=1, batch=2)
+        # each rewarded by its new outcome alone (+1 both: advantage 0), weighted by (1 + times trained) ** -0.5
+        assert [s.advantage for s in samples] == pytest.approx([0.0, 0.0])
+        assert [u.new_reward for u in used] == [1.0, 1.0] and [u.weight for u in used] == pytest.approx([2 ** -0.5] * 2)
         await m.aclose()
 
     try:
@@ -259,9 +262,10 @@ def _distilled(tiny, tmp_path, monkeypatch):
     from tests.test_experience_manager import add, ops, traj
 
     real_parse = ex.parse_distil
-    # whatever the tiny model wrote is read as one valid entry, so that an episode can credit it
+    # whatever the tiny model wrote is read as one valid entry, so that an episode can credit it (120 tokens: the
+    # tiny model's tokens are characters, and '{"operations": [{"op": "' is the schema's, not the model's choice)
     monkeypatch.setattr(ex, "parse_distil", lambda text, ids: real_parse(ops(add("Doors", "If shut, try it.")), ids))
-    params = SamplingParams(**manager_settings(TrainConfig(mode="crl", distil_max_tokens=12))["distil_params"])
+    params = SamplingParams(**manager_settings(TrainConfig(mode="crl", distil_max_tokens=120))["distil_params"])
     assert params.temperature == 0.7
     llm = make_llm("transformers", tiny, dtype="float32", seed=0)
     bank = ExperienceBank(tmp_path / "bank", embedder="hash")
@@ -270,7 +274,7 @@ def _distilled(tiny, tmp_path, monkeypatch):
         m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0, distil_params=params))
         await m.distil(traj(0))
         m.record_outcome("ep", bank.entries(), True)
-        samples, _ = extractor_samples(m, 1, cooldown=1, batch=1)
+        samples, *_ = extractor_samples(m, 1, cooldown=1, batch=1)
         await m.aclose()
         return samples
 
@@ -291,7 +295,8 @@ def test_a_distillation_sampled_at_0_7_records_the_log_probs_the_learner_recompu
 
     llm, sample = _distilled(tiny, tmp_path, monkeypatch)
     try:
-        assert sample.mode == "generate" and sample.temperature == 0.7 and len(sample.response_ids) == 12
+        assert sample.mode == "generate" and sample.temperature == 0.7 and 0 < len(sample.response_ids) <= 120
+        assert any(sample.response_mask) and not all(sample.response_mask)  # the forced tokens are masked
         old = torch.tensor(sample.old_logprobs)
         with torch.no_grad():
             (at_its_own,), _ = batch_sequence_logprobs(llm.model, [sample.prompt_ids], [sample.response_ids],

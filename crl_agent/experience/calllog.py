@@ -13,6 +13,9 @@ which :func:`load_samples` skips):
   entries written by those calls (or by an answer call) ended.
 - ``{"type": "trained", "call_ids", "step", "entries"}``: a trainer used those samples at ``step``
   (``entries``: the bank entries whose ``train_count`` it bumped).
+- ``{"type": "dropped", "call_ids", "step"}``: a trainer let those calls' pending outcomes go without
+  training on them (a bounded training buffer's oldest, dropped to make room); they count as consumed
+  evidence, not as training.
 
 A trainer's checkpoint records the log's :meth:`CallLog.offset`; ``--resume`` cuts the log back to it
 (:meth:`CallLog.truncate`), so a step redone after a kill starts from the log its checkpoint saw.
@@ -22,8 +25,8 @@ twice, e.g. by a step redone after a kill, counts once: its last outcome); entri
 share their samples.
 
 **The training buffer** (the official code's FIFO ``MemoryTrainingBuffer``): a call is *queued* once an
-outcome credits it, and leaves the queue when a trainer trains on it (a ``trained`` record); it returns only
-with outcomes logged after that record. Its ``new_reward`` is the meta-reward of those new outcomes alone,
+outcome credits it, and leaves the queue when a trainer trains on it (a ``trained`` record) or drops it (a
+``dropped`` record: a bounded buffer's oldest); it returns only with outcomes logged after that record. Its ``new_reward`` is the meta-reward of those new outcomes alone,
 so no update sees the same evidence twice; ``queued_at`` (the log position of its first new outcome)
 orders the queue, oldest first. ``reward`` stays the meta-reward over every episode the call guided. Count-aware weight of a call (DESIGN section 7) = mean over the entries it wrote
 that are still in the bank of ``w = 0`` if the entry was trained within ``cooldown`` steps, else
@@ -276,6 +279,9 @@ def fold_samples(
             for cid in set(rec.get("call_ids", ())):
                 count, last = trained.get(cid, (0, -1))
                 trained[cid] = (count + 1, max(last, int(rec["step"])))
+                trained_at[cid] = n
+        elif rec["type"] == "dropped":
+            for cid in rec.get("call_ids", ()):
                 trained_at[cid] = n
     samples = []
     for n, rec in enumerate(records):

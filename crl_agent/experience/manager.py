@@ -596,6 +596,12 @@ class ExperienceManager:
         self.bank.record_training(ids, step)
         self.calls.write({"type": "trained", "call_ids": [s.call_id for s in samples], "step": step, "entries": ids})
 
+    def drop_from_buffer(self, samples: list[ExtractorSample], step: int) -> None:
+        """Let ``samples``' pending outcomes go untrained at ``step`` (a bounded training buffer's oldest):
+        they leave the buffer until new outcomes credit them; their training counts stay as they are."""
+        if samples:
+            self.calls.write({"type": "dropped", "call_ids": [s.call_id for s in samples], "step": step})
+
     def log_offset(self) -> int:
         """Where the call log ends now (a trainer's checkpoint records it for :meth:`rewind_log`)."""
         return self.calls.offset()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from crl_agent.episode import Episode, ScoredTurn
 from crl_agent.experience.calllog import training_buffer
@@ -84,26 +84,39 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
     return ActorBatch(samples)
 
 
-def extractor_samples(manager: Any, step: int, cooldown: int, batch: int) -> tuple[list[TurnSample], list[Any]]:
+class ExtractorBatch(NamedTuple):
+    """The extractor's next CISPO batch: its samples, the calls they come from, and the calls dropped from
+    the buffer to make room (their evidence is let go without an update)."""
+
+    samples: list[TurnSample]
+    used: list[Any]
+    dropped: list[Any]
+
+
+def extractor_samples(manager: Any, step: int, cooldown: int, batch: int, capacity: int = 0) -> ExtractorBatch:
     """The extractor's CISPO batch, popped from the training buffer
     (:func:`~crl_agent.experience.calllog.training_buffer`): the ``batch`` oldest calls with outcomes no
     update has trained on and a count-aware weight above 0 (a call trained within ``cooldown`` steps
     waits), each rewarded with the meta-reward of those new outcomes alone; advantage = (reward - mean) *
-    weight (:func:`~crl_agent.rl.extractor_advantages`). Each sample is stamped with the extractor version
-    that sampled it and the temperature of its recorded log-probs (the distillations' 0.7), at which the
-    learner recomputes them, and masks the tokens the model did not choose (``model_chosen``: a schema
-    that allowed one token, a closer picked by rule). Returns the samples and the calls they come from
-    (``([], [])`` while fewer than ``batch`` are ready)."""
+    weight (:func:`~crl_agent.rl.extractor_advantages`). ``capacity`` (0: none) bounds the buffer as the
+    official ``MemoryTrainingBuffer`` does: of the calls ready to train, only the newest ``capacity`` are
+    kept and the older ones are dropped (``dropped``; :meth:`ExperienceManager.drop_from_buffer` records
+    it), so an update never trains on evidence that a buffer of that size would have let go. Each sample
+    is stamped with the extractor version that sampled it and the temperature of its recorded log-probs
+    (the distillations' 0.7), at which the learner recomputes them, and masks the tokens the model did
+    not choose (``model_chosen``: a schema that allowed one token, a closer picked by rule). Nothing is
+    taken or dropped while fewer than ``batch`` calls are ready."""
     ready = [s for s in training_buffer(manager.training_samples(step, cooldown)) if trainable_call(s)]
     if len(ready) < batch or batch < 1:
-        return [], []
-    ready = ready[:batch]
+        return ExtractorBatch([], [], [])
+    dropped = ready[:-capacity] if 0 < capacity < len(ready) else []
+    ready = ready[len(dropped):][:batch]
     advantages = extractor_advantages([s.new_reward for s in ready], [s.weight for s in ready]).tolist()
     samples = [TurnSample(prompt_ids=s.prompt_token_ids, response_ids=s.token_ids, old_logprobs=s.logprobs,
                           advantage=adv, policy_version=s.policy_version, temperature=s.temperature,
                           response_mask=s.model_chosen if len(s.model_chosen) == len(s.token_ids) else None)
                for s, adv in zip(ready, advantages, strict=True)]
-    return samples, ready
+    return ExtractorBatch(samples, ready, dropped)
 
 
 def trainable_call(sample: Any) -> bool:
