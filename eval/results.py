@@ -138,7 +138,8 @@ def episode_record(episode: Episode, **fields: Any) -> tuple[dict[str, Any], str
     return json.loads(line), line
 
 
-def _mean_se(xs: list[float]) -> tuple[float, float]:
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    """The mean of ``xs`` and its standard error (NaN for none; 0 for one)."""
     if not xs:
         return float("nan"), float("nan")
     m = sum(xs) / len(xs)
@@ -203,9 +204,9 @@ def summarize(
     samples = int(run_config.get("samples") or 1)
     for env_id in env_ids:
         recs = [r for r in records if r["env_id"] == env_id]
-        success, success_se = _mean_se([float(r["success"]) for r in recs])
-        progress, progress_se = _mean_se([float(r["progress"]) for r in recs])
-        actions, _ = _mean_se([float(r["actions"]) for r in recs])
+        success, success_se = mean_se([float(r["success"]) for r in recs])
+        progress, progress_se = mean_se([float(r["progress"]) for r in recs])
+        actions, _ = mean_se([float(r["actions"]) for r in recs])
         tasks[env_id] = {
             **env_metadata(env_id),
             **({"max_episode_steps": caps[env_id]} if env_id in caps else {}),
@@ -216,10 +217,10 @@ def summarize(
             "progress": progress,
             "progress_se": progress_se,
             "mean_actions": actions,
-            "mean_invalid_actions": _mean_se([float(r["invalid_actions"]) for r in recs])[0],
-            "mean_wall_time_s": _mean_se([float(r["wall_time_s"]) for r in recs])[0],
-            "mean_tokens_in": _mean_se([float(r.get("tokens_in", 0)) for r in recs])[0],
-            "mean_tokens_out": _mean_se([float(r.get("tokens_out", 0)) for r in recs])[0],
+            "mean_invalid_actions": mean_se([float(r["invalid_actions"]) for r in recs])[0],
+            "mean_wall_time_s": mean_se([float(r["wall_time_s"]) for r in recs])[0],
+            "mean_tokens_in": mean_se([float(r.get("tokens_in", 0)) for r in recs])[0],
+            "mean_tokens_out": mean_se([float(r.get("tokens_out", 0)) for r in recs])[0],
             "extra": _extra_means(recs),
             "samples": samples,
             "seeds": len({r["seed"] for r in recs}),

@@ -38,6 +38,7 @@ from crl_agent.rollout import PoolSlot, open_pool, run_episode
 from crl_envs.persistent import episode_seed
 from crl_envs.registry import has_solver
 from eval.recorder import RunRecorder
+from eval.results import mean_se
 
 MEMORY_SAMPLE = {True: 0, False: 1}
 
@@ -96,15 +97,6 @@ async def run_stream_task(env_id: str, agent: Agent, recorder: RunRecorder, plan
     return records
 
 
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    if not xs:
-        return float("nan"), float("nan")
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, 0.0
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-
-
 def stream_summary(records: list[dict[str, Any]], env_ids: list[str], stream: int) -> dict[str, Any]:
     """The ``stream`` part of ``summary.json``: curves and the experience gain per task (see the module doc)."""
     tail = stream_tail(stream)
@@ -134,15 +126,15 @@ def stream_summary(records: list[dict[str, Any]], env_ids: list[str], stream: in
                 out.append(sum(xs) / len(xs) if xs else None)
             return out
 
-        gain, gain_se = _mean_se(gains)
+        gain, gain_se = mean_se(gains)
         tail_on = [x for c in by_world.values() for x in c[True][-tail:] if x is not None]
         tail_off = [x for c in by_world.values() for x in c[False][-tail:] if x is not None]
         tasks[env_id] = {
             "worlds": len(by_world),
             "curve_memory": curve(True),
             "curve_no_memory": curve(False),
-            "tail_success_memory": _mean_se(tail_on)[0],
-            "tail_success_no_memory": _mean_se(tail_off)[0],
+            "tail_success_memory": mean_se(tail_on)[0],
+            "tail_success_no_memory": mean_se(tail_off)[0],
             "experience_gain": gain,
             "experience_gain_se": gain_se,
             "per_world": worlds,

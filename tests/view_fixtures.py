@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from crl_agent.rollout import episode_key
+from eval.results import mean_se
 
 SOKOBAN = "crl/Sokoban-6x6-2-v0"
 
@@ -127,15 +128,6 @@ def hostile_records(env_id: str = SOKOBAN, seeds: range = range(2)) -> list[dict
     return recs
 
 
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    if not xs:
-        return float("nan"), float("nan")
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, 0.0
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-
-
 def write_run(folder: Path, records: list[dict[str, Any]], agent: dict[str, Any], trajectories: bool = True,
               seed: int = 0) -> Path:
     """Write ``records`` (trajectory records) as an eval.run folder; ``trajectories=False`` is an older run."""
@@ -153,15 +145,15 @@ def write_run(folder: Path, records: list[dict[str, Any]], agent: dict[str, Any]
     tasks = {}
     for e in env_ids:
         rs = [r["summary"] for r in records if r["env_id"] == e]
-        succ, succ_se = _mean_se([float(r["success"]) for r in rs])
-        prog, prog_se = _mean_se([float(r["progress"]) for r in rs])
+        succ, succ_se = mean_se([float(r["success"]) for r in rs])
+        prog, prog_se = mean_se([float(r["progress"]) for r in rs])
         tasks[e] = {"version": 0, "entry_point": "x", "kwargs": {}, "max_episode_steps": 100, "episodes": len(rs),
                     "errored": sum(1 for r in rs if r["error"]), "success": succ, "success_se": succ_se,
                     "progress": prog, "progress_se": prog_se,
-                    "mean_actions": _mean_se([float(r["actions"]) for r in rs])[0],
-                    "mean_invalid_actions": _mean_se([float(r["invalid_actions"]) for r in rs])[0],
-                    "mean_wall_time_s": 0.01, "mean_tokens_in": _mean_se([float(r["tokens_in"]) for r in rs])[0],
-                    "mean_tokens_out": _mean_se([float(r["tokens_out"]) for r in rs])[0],
+                    "mean_actions": mean_se([float(r["actions"]) for r in rs])[0],
+                    "mean_invalid_actions": mean_se([float(r["invalid_actions"]) for r in rs])[0],
+                    "mean_wall_time_s": 0.01, "mean_tokens_in": mean_se([float(r["tokens_in"]) for r in rs])[0],
+                    "mean_tokens_out": mean_se([float(r["tokens_out"]) for r in rs])[0],
                     "extra": {"search_time_s": 0.02} if agent.get("name") == "llm" else {}}
     per = list(tasks.values())
     seeds = sorted({r["seed"] for r in records})
