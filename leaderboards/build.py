@@ -165,7 +165,33 @@ def leaderboard_data(subs: list[dict], run_ids: dict[str, str]) -> dict:
                           for e, t in summ["tasks"].items()},
             })
         groups.append({"name": name, "tasks": sorted({e for r in rows for e in r["tasks"]}), "entries": rows})
-    return {"note": NOTE.replace("`", ""), "groups": groups}
+    track = experience_track_data([s for s in subs if "stream" in s["summary"]], run_ids)
+    return {"note": NOTE.replace("`", ""), "groups": groups + ([track] if track["entries"] else [])}
+
+
+def experience_track_data(subs: list[dict], run_ids: dict[str, str]) -> dict:
+    """The experience track as the site shows it: a group of ``kind`` "experience", ranked as in the Markdown
+    (macro experience gain first), each task's gain with its tail success with and without memory."""
+    def gain(s: dict) -> float:
+        x = s["summary"]["stream"]["macro"]["experience_gain"]
+        return -x if x == x else float("inf")
+
+    entries = sorted(subs, key=gain)
+    short = display_names([s["metadata"]["name"] for s in entries])
+    rows = []
+    for rank, s in enumerate(entries, 1):
+        m, st = s["metadata"], s["summary"]["stream"]
+        rows.append({
+            "rank": rank, "name": m["name"], "display": short[rank - 1], "agent": m["agent"], "model": m["model"],
+            "url": m["url"], "verified": m["verified"], "date": m["date"], "run": run_ids.get(str(s["folder"])),
+            "stream": st["stream"], "worlds": max((t["worlds"] for t in st["tasks"].values()), default=0),
+            "gain": st["macro"]["experience_gain"], "gain_se": st["macro"]["experience_gain_se"],
+            "tasks": {e: {"gain": t["experience_gain"], "gain_se": t["experience_gain_se"],
+                          "memory": t["tail_success_memory"], "no_memory": t["tail_success_no_memory"]}
+                      for e, t in st["tasks"].items()},
+        })
+    return {"name": "experience track", "kind": "experience", "note": EXPERIENCE_NOTE.replace("`", "").replace("**", ""),
+            "tasks": sorted({e for r in rows for e in r["tasks"]}), "entries": rows}
 
 
 def write_html(subs: list[dict], out: Path) -> str:

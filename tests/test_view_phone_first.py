@@ -271,3 +271,22 @@ def test_a_bad_run_in_a_multi_run_build_is_reported_and_skipped_and_so_is_a_fold
     assert str(bad) in problems and str(sweep / "notes") in problems
     assert page.locator("#runs-table tbody tr").count() == 2  # the sweep's oracle and the good random run
 
+
+
+def test_the_experience_track_is_a_table_of_the_site_ranked_by_experience_gain(pg, size, board):
+    from leaderboards.build import ROOT as BOARD
+    from leaderboards.schema import load_submission
+
+    page = pg
+    _go(page, board, "", "table.leaderboard")
+    track = page.locator("section.board", has=page.locator("h2", has_text="experience track"))
+    assert track.count() == 1
+    subs = [load_submission(p) for p in sorted((BOARD / "submissions").iterdir()) if p.is_dir()]
+    streams = sorted((s for s in subs if "stream" in s["summary"]),
+                     key=lambda s: -s["summary"]["stream"]["macro"]["experience_gain"])
+    rows = track.locator("tbody tr")
+    assert rows.count() == len(streams) > 0
+    first = streams[0]["summary"]["stream"]["macro"]
+    assert rows.first.locator("td.success").inner_text().startswith(f"+{100 * first['experience_gain']:.1f}")
+    assert rows.first.locator("a.run-link").count() == 1  # the row opens the run (and its stream page)
+    _in_view(page, rows.first.locator("td.success"), size[0])

@@ -6,6 +6,7 @@
   // Columns: [label, value for sorting, cell content, header tooltip, header class]. A name shows its short
   // display form, a model its start; both in full on hover.
   function columns(group) {
+    if (group.kind === "experience") return experienceColumns(group);
     const cols = [
       ["rank", function (e) { return e.rank; }, function (e) { return e.rank; }],
       ["name", function (e) { return e.name.toLowerCase(); }, function (e) {
@@ -27,6 +28,26 @@
         const t = e.tasks[env];
         return t ? [V.pct(t.success) + " ± " + V.pct(t.success_se) + " ", V.el("span", { className: "n" }, "n=" + t.episodes)] : "–";
       }, env, "task"]);
+    }
+    cols.push(["verified", function (e) { return e.verified ? 1 : 0; }, function (e) { return e.verified ? "yes" : "no"; }]);
+    cols.push(["date", function (e) { return e.date; }, function (e) { return e.date; }]);
+    return cols;
+  }
+
+  // The experience track: ranked by the macro experience gain (success late in each world's stream with memory
+  // minus without, same seeds); each task's gain, with its success with / without memory.
+  function experienceColumns(group) {
+    const gain = function (g, se) { return (g >= 0 ? "+" : "") + V.pct(g) + " ± " + V.pct(se); };
+    const cols = columns({ tasks: [] }).slice(0, 2);
+    cols.push(["macro experience gain %", function (e) { return e.gain; }, function (e) { return gain(e.gain, e.gain_se); },
+      "success over the last part of each world's stream with memory minus without, same seeds", "success"]);
+    cols.push(["agent", function (e) { return e.agent; }, function (e) { return e.agent; }]);
+    cols.push(["worlds x stream", function (e) { return e.worlds * e.stream; }, function (e) { return e.worlds + " x " + e.stream; }]);
+    for (const env of group.tasks) {
+      cols.push([V.shortTask(env), function (e) { const t = e.tasks[env]; return t ? t.gain : -Infinity; }, function (e) {
+        const t = e.tasks[env];
+        return t ? [gain(t.gain, t.gain_se) + " ", V.el("span", { className: "n" }, V.pct(t.memory) + " / " + V.pct(t.no_memory))] : "–";
+      }, env + ": gain (success with / without memory)", "task"]);
     }
     cols.push(["verified", function (e) { return e.verified ? 1 : 0; }, function (e) { return e.verified ? "yes" : "no"; }]);
     cols.push(["date", function (e) { return e.date; }, function (e) { return e.date; }]);
@@ -86,6 +107,7 @@
           return V.el("tr", { className: "entry", dataset: { agent: e.agent } }, cols.map(function (c) { return V.el("td", { className: c[4] }, c[2](e)); }));
         }));
         tables.appendChild(V.el("section", { className: "board" }, V.el("h2", null, g.name),
+          g.note ? V.el("p", { className: "note" }, g.note) : null,
           entries.length ? V.el("table", { className: "grid leaderboard" }, V.el("thead", null, head), body)
             : V.el("p", { className: "note" }, "No entry matches the filters.")));
       }
