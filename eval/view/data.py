@@ -20,38 +20,11 @@ from eval.results import EpisodeLog, record_key
 from eval.trajectories import FILENAME as TRAJECTORIES
 from eval.trajectories import FULL_ONLY_TURN_FIELDS, load_trajectories
 from eval.view.incomplete import has_episodes_on_disk, tally_summary
+from eval.view.stream import is_stream_run, stream_entry
+from eval.view.values import jsonable, num, text  # noqa: F401 - re-exported: callers import them from here
 
 # Step fields the page shows in their own columns; the rest of a step's info is listed under "info".
 _SHOWN_INFO = {"admissible_actions", "valid_action", "success", "progress", "task"}
-
-
-def num(x: Any) -> float | int | None:
-    """A JSON-safe number: ``None`` for NaN, infinities and non-numbers (booleans count as 0/1)."""
-    if isinstance(x, bool):
-        return int(x)
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    return None
-
-
-def text(x: Any) -> str:
-    """Untrusted content as a string (a record from a foreign run may hold a number or null)."""
-    return x if isinstance(x, str) else "" if x is None else json.dumps(x, default=str)
-
-
-def jsonable(x: Any) -> Any:
-    """A deep copy of ``x`` that strict JSON can hold (non-finite floats become ``None``)."""
-    if isinstance(x, float):
-        return num(x)
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if x is None or isinstance(x, (str, int, bool)):
-        return x
-    return str(x)
 
 
 def slug(name: str) -> str:
@@ -260,8 +233,6 @@ def load_run_data(run_dir: Path, run_id: str, label: str | None = None) -> RunDa
 
     def order(k: tuple[str, int | str, int]) -> tuple[int, float, str, int]:
         return task_idx[k[0]], k[1] if isinstance(k[1], int) else math.inf, str(k[1]), k[2]
-
-    from eval.view.stream import is_stream_run, stream_entry
 
     data = RunData(id=run_id, label=label or agent_label(summary), folder=str(run_dir),
                    summary=slim_summary(summary), tasks=tasks, warnings=problems)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eval.view.data import jsonable, num, text
+from eval.view.values import jsonable, num, text
 
 CAP = 2000  # characters kept of one read or written item (a bank entry's content can be long)
 
