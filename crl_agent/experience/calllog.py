@@ -26,9 +26,12 @@ share their samples.
 
 **The training buffer** (the official code's FIFO ``MemoryTrainingBuffer``): a call is *queued* once an
 outcome credits it, and leaves the queue when a trainer trains on it (a ``trained`` record) or drops it (a
-``dropped`` record: a bounded buffer's oldest); it returns only with outcomes logged after that record. Its ``new_reward`` is the meta-reward of those new outcomes alone,
-so no update sees the same evidence twice; ``queued_at`` (the log position of its first new outcome)
-orders the queue, oldest first. ``reward`` stays the meta-reward over every episode the call guided. Count-aware weight of a call (DESIGN section 7) = mean over the entries it wrote
+``dropped`` record: a bounded buffer's oldest); it returns only with outcomes logged after that record.
+Its ``new_reward`` is the meta-reward of those new outcomes alone, so no update sees the same evidence
+twice; ``queued_at`` (the log position of its first new outcome) orders the queue, oldest first.
+``reward`` stays the meta-reward over every episode the call guided.
+
+Count-aware weight of a call (DESIGN section 7) = mean over the entries it wrote
 that are still in the bank of ``w = 0`` if the entry was trained within ``cooldown`` steps, else
 ``(1 + train_count) ** -0.5``. A call with no live entry (a search-and-ask answer, a write merged away or
 deleted, a call that wrote nothing) takes the same rule with its own counts, from the ``trained``
