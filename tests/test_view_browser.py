@@ -146,7 +146,8 @@ def test_leaderboard_sorts_filters_and_opens_a_run(watched, runs, tmp_path, outp
     assert names.first.inner_text().startswith("llm agent")
     assert "sort=macro" in page.evaluate("location.hash")
     page.select_option("#filter-agent", "random")
-    assert page.locator("tr.entry").count() == 2 and page.locator("tr.entry[data-agent=random]").count() == 2
+    # the two random rows of the task-set tables and the experience track's random row
+    assert page.locator("tr.entry").count() == 3 and page.locator("tr.entry[data-agent=random]").count() == 3
     page.select_option("#filter-agent", F.HOSTILE[2])
     assert page.locator("tr.entry").count() == 1 and page.evaluate("window.__pwned") is None
     page.select_option("#filter-agent", "")
