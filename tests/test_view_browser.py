@@ -31,6 +31,29 @@ CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.browser
 
 
+SIZES = [(390, 844), (1280, 800)]  # a phone's and a desktop's viewport
+
+
+@pytest.fixture(params=SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def size(request) -> tuple[int, int]:
+    return request.param
+
+
+@pytest.fixture
+def pg(page, size):
+    page.set_viewport_size({"width": size[0], "height": size[1]})
+    watch = Watch(page)
+    yield page
+    assert watch.problems == []
+
+
+def go(page, site: Path, hash_: str, wait: str = "main .page > *") -> None:
+    """Open ``site`` at ``hash_`` and wait for ``wait`` to render."""
+    page.goto((site / "index.html").as_uri() + hash_)
+    page.wait_for_selector(wait)
+    page.wait_for_timeout(150)
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """Debian's Chromium (never a downloaded one), one per test module, its profile and cache out of $HOME.

@@ -25,9 +25,10 @@ from tests import test_view_browser as B  # noqa: E402
 from tests import view_fixtures as F  # noqa: E402
 
 browser, context, page = B.browser, B.context, B.page  # the same Chromium, one per module
+size, pg = B.size, B.pg  # each test at a phone's and a desktop's size, failing on any page error
 pytestmark = pytest.mark.browser
 TASK = F.SOKOBAN
-SIZES = [(390, 844), (1280, 800)]
+SIZES = B.SIZES
 FIRST_DIFF = 4
 
 
@@ -112,19 +113,6 @@ def board(runs, tmp_path_factory) -> Path:
         "model": "none", "agent": "oracle", "date": "2026-12-06", "url": "", "verified": False}))
     assert board_main(["--submissions", str(subs), "--out", str(tmp / "b.md"), "--html", str(tmp / "site")]) == 0
     return tmp / "site"
-
-
-@pytest.fixture(params=SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def size(request) -> tuple[int, int]:
-    return request.param
-
-
-@pytest.fixture
-def pg(page, size):
-    page.set_viewport_size({"width": size[0], "height": size[1]})
-    watch = B.Watch(page)
-    yield page
-    assert watch.problems == []
 
 
 def _go(page, site: Path, hash_: str, wait: str = "main .page > *") -> None:

@@ -31,8 +31,9 @@ from tests import view_fixtures as F  # noqa: E402
 from tests.view_training import TASK, train_run  # noqa: E402
 
 browser, context, page = B.browser, B.context, B.page  # the same Chromium, one per module
+size, pg = B.size, B.pg  # each test at a phone's and a desktop's size, failing on any page error
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("one_thread")]
-SIZES = [(390, 844), (1280, 800)]
+SIZES = B.SIZES
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
@@ -77,23 +78,7 @@ def site(tag, killed, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(params=SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def size(request) -> tuple[int, int]:
-    return request.param
-
-
-@pytest.fixture
-def pg(page, size):
-    page.set_viewport_size({"width": size[0], "height": size[1]})
-    watch = B.Watch(page)
-    yield page
-    assert watch.problems == []
-
-
-def _go(page, site: Path, hash_: str, wait: str = "main .page > *") -> None:
-    page.goto((site / "index.html").as_uri() + hash_)
-    page.wait_for_selector(wait)
-    page.wait_for_timeout(150)
+_go = B.go
 
 
 def _evals(run: Path) -> list[dict]:
