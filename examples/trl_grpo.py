@@ -18,6 +18,7 @@ for a long while: this shows the plumbing, not a learning curve.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -35,7 +36,8 @@ def serve(env_id: str, concurrent: int) -> tuple[subprocess.Popen, str]:
     port = sock.getsockname()[1]
     sock.close()
     proc = subprocess.Popen([sys.executable, "-m", "crl_envs.serve", env_id, "--port", str(port),
-                             "--max-concurrent", str(concurrent)])
+                             "--max-concurrent", str(concurrent)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # the envs need no torch threads
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

@@ -179,6 +179,60 @@ def environment_factory(env_id: str = "crl/Remote-v0", **kwargs: Any) -> Callabl
     return functools.partial(TextEnvironment, env_id, **kwargs)
 
 
+def act_tool_schema() -> dict[str, Any]:
+    """The JSON schema of :meth:`TextEnvironment.act`, as TRL builds it for the model (an SFT row's ``tools``)."""
+    from transformers.utils import get_json_schema
+
+    return get_json_schema(TextEnvironment().act)
+
+
+def oracle_conversations(env_id: str, seeds: Any, prompt: list[dict[str, str]], *, closing: str = "Done.",
+                         max_steps: int = 100, **make_kwargs: Any) -> list[dict[str, Any]]:
+    """The env's solver playing ``seeds``, each episode rendered as the conversation GRPOTrainer would build.
+
+    An SFT warm-start on these rows teaches a model the tool-call format and the task's moves before
+    ``GRPOTrainer`` (with :func:`environment_factory` of the same env) takes over: each row is exactly what a
+    rollout of that trainer looks like, played well. ``prompt`` is the dataset's prompt (the messages before
+    the episode); the first observation is appended to its last message as TRL appends ``reset``'s string; then
+    one assistant turn per move, calling ``act`` with the solver's action, and the ``tool`` message ``act``
+    returns (:class:`TextEnvironment` renders both, so the text is the one the model meets in GRPO); then a last
+    assistant turn ``closing`` without a tool call, which ends a TRL rollout.
+
+    ``env_id`` must ship a solver (``crl_envs.registry.has_solver``; ``crl/Remote-v0`` has none: name the env the
+    server serves). An episode the solver does not finish within ``max_steps`` moves (or fails) is left out.
+
+    Returns:
+        rows ``{"messages": [...], "tools": "<JSON list with the act schema>", "seed": seed}``, ready for
+        ``datasets.Dataset.from_list`` and TRL's ``SFTTrainer`` (``SFTConfig(assistant_only_loss=True)`` trains on
+        the assistant turns alone).
+    """
+    import json
+
+    from crl_envs.registry import has_solver
+
+    if not has_solver(env_id):
+        raise ValueError(f"{env_id} has no solver (oracle_action) to play demonstrations: name an env that has one")
+    tools = json.dumps([act_tool_schema()])
+    rows = []
+    for seed in seeds:
+        env = TextEnvironment(env_id, **make_kwargs)
+        try:
+            first = env.reset(seed=int(seed))
+            messages = [dict(m) for m in prompt]
+            messages[-1]["content"] = messages[-1]["content"] + first
+            while not env.done and env.steps < max_steps:
+                action = env.env.unwrapped.oracle_action()
+                call = {"type": "function", "function": {"name": "act", "arguments": {"action": action}}}
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                messages.append({"role": "tool", "name": "act", "content": env.act(action)})
+            if env.done and env.info.get("success"):
+                messages.append({"role": "assistant", "content": closing})
+                rows.append({"messages": messages, "tools": tools, "seed": int(seed)})
+        finally:
+            env.close()
+    return rows
+
+
 def log_cut_short(environments: list[Any] | None = None, log_metric: Callable[[str, float], None] | None = None,
                   log_extra: Callable[[str, list[Any]], None] | None = None, **kwargs: Any) -> list[None]:
     """A TRL reward function that scores nothing and logs the rollouts the server cut short.
