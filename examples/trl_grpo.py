@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +30,14 @@ import urllib.request
 SYSTEM = "You play a text game. Call the act tool with one of the actions the game lists, one at a time."
 
 
+def _die_with_parent() -> None:
+    """Run in the server's process before it starts: the kernel sends it SIGTERM when this script's process dies,
+    even by SIGKILL or the OOM killer, so a killed run leaves no server behind (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def serve(env_id: str, concurrent: int) -> tuple[subprocess.Popen, str]:
     """Start ``python -m crl_envs.serve env_id`` on a free loopback port; return it and its URL."""
     sock = socket.socket()
@@ -37,7 +46,8 @@ def serve(env_id: str, concurrent: int) -> tuple[subprocess.Popen, str]:
     sock.close()
     proc = subprocess.Popen([sys.executable, "-m", "crl_envs.serve", env_id, "--port", str(port),
                              "--max-concurrent", str(concurrent)],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # the envs need no torch threads
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},  # the envs need no torch threads
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

@@ -148,27 +148,31 @@ def main() -> None:  # noqa: PLR0915 - one recipe, stage by stage
     parser.add_argument("--demos", type=int, default=32, help="solver episodes to warm-start on")
     parser.add_argument("--sft-epochs", type=float, default=1.0, help="passes over the demonstrations")
     parser.add_argument("--sft-lr", type=float, default=1e-4, help="the warm-start's learning rate")
-    parser.add_argument("--steps", type=int, default=12, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=10, help="GRPO steps")
     parser.add_argument("--seeds", type=int, default=256, help="GRPO dataset rows: seeds 0..N-1")
-    parser.add_argument("--generations", type=int, default=4, help="rollouts per prompt (the GRPO group)")
+    parser.add_argument("--generations", type=int, default=8, help="rollouts per prompt (the GRPO group)")
     parser.add_argument("--batch", type=int, default=16, help="rollouts per step (a multiple of --generations)")
+    parser.add_argument("--micro-batch", type=int, default=4,
+                        help="rollouts per forward/backward pass (lower it if memory runs short)")
     parser.add_argument("--max-tool-calls", type=int, default=4,
                         help="env moves per rollout (the room's solver needs at most 4)")
     parser.add_argument("--max-completion-length", type=int, default=1024,
                         help="tokens per rollout, tool results included (~220 a MiniHack move)")
     parser.add_argument("--lora-rank", type=int, default=16,
                         help="GRPO trains LoRA adapters of this rank on every linear layer (0: all weights)")
-    parser.add_argument("--temperature", type=float, default=0.7, help="GRPO's sampling temperature")
+    parser.add_argument("--temperature", type=float, default=1.2,
+                        help="GRPO's sampling temperature (the warm-started model is sure of itself: above 1 its "
+                             "rollouts of one prompt still differ)")
     parser.add_argument("--lr", type=float, default=2e-4,
                         help="GRPO's learning rate (for LoRA; with --lora-rank 0 about 2e-5)")
     parser.add_argument("--eval-episodes", type=int, default=32, help="held-out seeds per evaluation")
-    parser.add_argument("--eval-every", type=int, default=6, help="GRPO steps between held-out evaluations")
+    parser.add_argument("--eval-every", type=int, default=5, help="GRPO steps between held-out evaluations")
     parser.add_argument("--skip-base-eval", action="store_true", help="do not evaluate the model before SFT")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/trl_sft_grpo"),
                         help="curve.json, curve.png and TRL's output")
     args = parser.parse_args()
-    if args.batch % args.generations:
-        parser.error("--batch must be a multiple of --generations")
+    if args.batch % args.generations or args.batch % args.micro_batch:
+        parser.error("--batch must be a multiple of --generations and of --micro-batch")
 
     import torch
 
@@ -249,12 +253,17 @@ def main() -> None:  # noqa: PLR0915 - one recipe, stage by stage
     try:
         prompts = Dataset.from_dict({"prompt": [PROMPT] * args.seeds, "seed": list(range(args.seeds))})
         config = GRPOConfig(output_dir=str(args.output_dir / "grpo"), max_steps=args.steps,
-                            per_device_train_batch_size=args.batch, num_generations=args.generations,
+                            # rollouts are generated --batch at a time and trained --micro-batch at a time: TRL's
+                            # log-probs hold fp32 logits over the 49k vocabulary for every token of a micro-batch
+                            per_device_train_batch_size=args.micro_batch,
+                            gradient_accumulation_steps=args.batch // args.micro_batch, num_generations=args.generations,
                             max_completion_length=args.max_completion_length,
                             max_tool_calling_iterations=args.max_tool_calls, learning_rate=args.lr,
                             temperature=args.temperature, lr_scheduler_type="constant",
                             logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=False,
-                            gradient_checkpointing=False,  # TRL's default is on; a 135M model's activations fit
+                            # checkpointing (TRL's default) keeps the update's memory small: without it a batch of 16
+                            # rollouts of ~1,400 tokens holds ~1.8 MB of activations a token (about 40 GB)
+                            gradient_checkpointing=True,
                             **device_args)
         t0, eval_before = time.monotonic(), curve["seconds"]["eval"]
         lora = None

@@ -113,3 +113,44 @@ def test_the_recipe_script_runs_sft_then_grpo(tmp_path):
     assert {"sft", "grpo", "eval", "total"} <= set(curve["seconds"])
     assert (tmp_path / "run" / "curve.png").stat().st_size > 10_000
     assert "| stage | GRPO step | held-out success |" in out.stdout
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for init to reap it has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.openenv
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_example_leaves_no_env_server_behind(tmp_path):
+    """The examples start ``python -m crl_envs.serve`` themselves; SIGKILL (or the OOM killer) on the example must
+    take that server down too, or it holds its port and its envs until someone finds it."""
+    pytest.importorskip("openenv", reason="pip install -e '.[openenv]'")
+    import signal
+    import time
+
+    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); from trl_grpo import serve; "
+              "proc, url = serve(sys.argv[2], 2); print(proc.pid, flush=True); time.sleep(600)")
+    example = subprocess.Popen([sys.executable, "-c", script, os.path.join(REPO, "examples"), SOKOBAN],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    try:
+        line = example.stdout.readline()  # the server's own banner comes first, on the same stdout
+        while not line.strip().isdigit():
+            assert line, "the example ended before its server started"
+            line = example.stdout.readline()
+        server = int(line)  # printed once the server answers /health
+        assert alive(server)
+        example.send_signal(signal.SIGKILL)
+        example.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if alive(server):
+            os.kill(server, signal.SIGKILL)
+            pytest.fail("the env server outlived the example that started it by 10 s")
+    finally:
+        example.kill()
