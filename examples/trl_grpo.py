@@ -38,6 +38,22 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+def model_and_tokenizer(model: str):
+    """The model's path (``smollm2``: the embedded SmolLM2-135M) and its tokenizer, with a tool-calling template."""
+    from transformers import AutoTokenizer
+
+    from crl_envs.integrations.trl import tool_chat_template
+
+    if model.lower() in ("smollm2", "smollm2-135m"):
+        from crl_agent.llm.models import ensure_smollm2  # the embedded GGUF, converted once to a cached folder
+
+        model = str(ensure_smollm2())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if "tool_calls" not in (tokenizer.chat_template or ""):
+        tokenizer = tool_chat_template(tokenizer)  # SmolLM2's ChatML template cannot render tool calls
+    return model, tokenizer
+
+
 def serve(env_id: str, concurrent: int) -> tuple[subprocess.Popen, str]:
     """Start ``python -m crl_envs.serve env_id`` on a free loopback port; return it and its URL."""
     sock = socket.socket()
@@ -79,19 +95,11 @@ def main() -> None:
 
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from crl_envs.integrations.trl import environment_factory, log_cut_short, tool_chat_template
+    from crl_envs.integrations.trl import environment_factory, log_cut_short
 
-    model = args.model
-    if model.lower() in ("smollm2", "smollm2-135m"):
-        from crl_agent.llm.models import ensure_smollm2  # the embedded GGUF, converted once to a cached folder
-
-        model = str(ensure_smollm2())
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    if "tool_calls" not in (tokenizer.chat_template or ""):
-        tokenizer = tool_chat_template(tokenizer)
+    model, tokenizer = model_and_tokenizer(args.model)
 
     proc, url = (None, args.url) if args.url else serve(args.env, concurrent=2 * args.batch)
     try:

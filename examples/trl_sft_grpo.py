@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trl_grpo import SYSTEM, serve  # noqa: E402 - the same system prompt and server start-up
+from trl_grpo import SYSTEM, model_and_tokenizer, serve  # noqa: E402 - the same prompt, model and server start-up
 
 PROMPT = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Play the game below."}]
 SCHEMA_VERSION = 1
@@ -178,19 +178,12 @@ def main() -> None:  # noqa: PLR0915 - one recipe, stage by stage
 
     torch.set_num_threads(args.threads)
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
-    from crl_envs.integrations.trl import environment_factory, log_cut_short, oracle_conversations, tool_chat_template
+    from crl_envs.integrations.trl import environment_factory, log_cut_short, oracle_conversations
 
-    model_path = args.model
-    if model_path.lower() in ("smollm2", "smollm2-135m"):
-        from crl_agent.llm.models import ensure_smollm2
-
-        model_path = str(ensure_smollm2())
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if "tool_calls" not in (tokenizer.chat_template or ""):
-        tokenizer = tool_chat_template(tokenizer)
+    model_path, tokenizer = model_and_tokenizer(args.model)
     gpu = torch.cuda.is_available()
     if args.precision == "auto":
         from crl_agent.llm.cpu_dtype import pick_cpu_dtype  # times a bf16 and an fp32 matmul here
