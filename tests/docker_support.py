@@ -51,7 +51,7 @@ def _answers() -> str:
     return "" if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()[:300]
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, e.g. a dockerd another xdist worker started and we stopped, does not)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -86,12 +86,12 @@ def _stop(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 break
         time.sleep(0.2)
-    if _alive(pid):
+    if alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     (STATE / "started.pid").unlink(missing_ok=True)
@@ -119,7 +119,7 @@ def docker_engine():
     yield
     with _locked():
         (_users() / str(os.getpid())).unlink(missing_ok=True)
-        live = [p for p in _users().iterdir() if p.name.isdigit() and _alive(int(p.name))]
+        live = [p for p in _users().iterdir() if p.name.isdigit() and alive(int(p.name))]
         started = STATE / "started.pid"
         if not live and started.is_file():  # the last session out stops the dockerd a session started
             _stop(int(started.read_text()))

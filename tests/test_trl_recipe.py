@@ -16,10 +16,9 @@ import pytest
 
 from crl_envs.integrations.trl import TextEnvironment, oracle_conversations
 from crl_envs.registry import backend_installed
+from tests.docker_support import alive
+from tests.test_trl import MINIHACK, REPO, SOKOBAN
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOKOBAN = "crl/Sokoban-6x6-1-v0"
-MINIHACK = "crl/MiniHack-Room-Random-5x5-Short-v0"
 PROMPT = [{"role": "system", "content": "Play with the act tool."}, {"role": "user", "content": "Play."}]
 
 
@@ -113,15 +112,6 @@ def test_the_recipe_script_runs_sft_then_grpo(tmp_path):
     assert {"sft", "grpo", "eval", "total"} <= set(curve["seconds"])
     assert (tmp_path / "run" / "curve.png").stat().st_size > 10_000
     assert "| stage | GRPO step | held-out success |" in out.stdout
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for init to reap it has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.openenv
