@@ -88,16 +88,18 @@ SETTINGS = {
 # before it made 0 updates (warm-up 5, then 16 rewarded calls with the same calls retrained every other step:
 # never reached in 16 steps). Now a call is queued when an episode it guided ends and trained once per new
 # evidence (the FIFO buffer), and a step credits the origins of what its 8 with-experience episodes retrieved
-# (4 entries each) plus their answers: about 5-10 calls a step once the bank holds a few entries (it holds
-# ~10 after step 1: 4+ distillations a step, valid by the schema). So 8 calls an update (an eighth of the
-# paper's 64, as our 16 rollouts a step are an eighth of its 128) after 4 warm-up steps (the bank has entries
-# from ~2 steps and their outcomes from ~2 more) gives an update about every step from step 5 on, and at
-# least one every 4 steps from step 8 (tests/test_crl_schedule.py runs this schedule). The buffer holds 8 (the
-# official buffer's capacity equals its batch): by step 9 a run with an unbounded one had queued 100 calls against
-# the 8 an update takes (~30 a step come in once the bank holds ~80 entries), so its updates trained on evidence
-# steps old, under extractor weights several updates back; bounded, each update trains on the newest evidence.
+# (4 entries each) plus their answers. Measured (equal_steps crl seed 0, AMX Xeon): 5-15 calls got outcomes a
+# step over steps 2-5, 26-41 a step from step 6 on. So 8 calls an update (an eighth of the paper's 64, as our 16
+# rollouts a step are an eighth of its 128) after 4 warm-up steps (the bank has entries from ~2 steps and their
+# outcomes from ~2 more). The buffer holds the newest 16. That run, with a buffer of 8 (the official capacity
+# equals its batch), updated once in 8 steps: from step 6 every batch of the 8 newest calls had guided only
+# failures (train success 0-19%), so every advantage was 0 against the batch mean and the update moved no
+# weight while spending the calls' evidence. Now a batch grows past 8, oldest first, until two rewards differ,
+# and waits when none do (crl_agent/rl/batches.py); 16 kept calls are about half a step's evidence, so a step
+# with a single success or a mixed distillation gives an update, and an update costs at most 16 calls (~8 s
+# a call here, beside the rollouts). tests/test_crl_schedule.py runs this schedule.
 CRL_SETTINGS = {"distil-per-group": 2, "distil-workers": 8, "merge-every": 1, "extractor-batch": 8,
-                "extractor-warmup": 4, "extractor-buffer": 8}
+                "extractor-warmup": 4, "extractor-buffer": 16}
 
 
 # the per-step diagnostics the results keep and plot: (name in the results, metrics.jsonl key)
@@ -172,6 +174,8 @@ def summarise(mode: str, seed: int, out: Path) -> dict:
             # the learner's count where the trainer logs it (issue 46), else the steps that updated
             "updates": last.get("extractor/updates", sum(1 for m in metrics if m.get("extractor/updated"))),
             "answer_calls": last.get("extractor/answer_calls"), "answer_meta_reward": last.get("extractor/answer_meta_reward"),
+            # steps whose ready calls had all earned the same reward, so no update was launched
+            "alike_waits": sum(1 for m in metrics if m.get("extractor/alike")),
         }
         # per step: (step, updates so far, calls in the training buffer, calls rewarded so far, loss, reward)
         row["extractor_schedule"] = [(m["step"], m.get("extractor/updates"), m.get("extractor/buffer"),

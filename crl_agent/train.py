@@ -141,13 +141,13 @@ async def _train(cfg: TrainConfig, out: Path, dist, resume: bool, quiet: bool) -
             with times("bank_s"):
                 merged = await bank_upkeep(cfg, setup, step, out, dist)                              # 1.
             with times("extractor_wait_s"):
-                extractor_update = await start_extractor_update(cfg, setup, step, dist)              # 2.
+                extractor_update, buffer_row = await start_extractor_update(cfg, setup, step, dist)  # 2.
             with times("rollout_s"), one_bank_snapshot(setup.manager):  # writes land after the rollouts
                 batch = await rollout(cfg, pool, setup.agent, step, dist)                            # 3.
             advantages = group_advantages(cfg, batch)                                                # 4.
             actor = await actor_update(cfg, setup, batch, advantages, step, dist, times)             # 5.
             with times("extractor_wait_s"):
-                extractor_row = await extractor_update.join(step) if extractor_update is not None else {}  # 6.
+                extractor_row = await extractor_update.join(step) if extractor_update is not None else buffer_row  # 6.
             row = step_metrics(cfg, setup, step, batch, actor, times, extractor_row, merged, dist)   # 7.
             row["time_s"] = time.perf_counter() - t0
             row.update(memory_row())  # resident memory after the step, and the run's peak so far
@@ -190,25 +190,33 @@ async def bank_upkeep(cfg: TrainConfig, setup: RunSetup, step: int, out: Path, d
     return merged
 
 
-async def start_extractor_update(cfg: TrainConfig, setup: RunSetup, step: int, dist) -> ExtractorUpdate | None:
+async def start_extractor_update(cfg: TrainConfig, setup: RunSetup, step: int,
+                                 dist) -> tuple[ExtractorUpdate | None, dict[str, float]]:
     """2. On rank 0 in crl mode after ``--extractor-warmup`` steps, once the training buffer holds
-    ``--extractor-batch`` calls ready to train (``--extractor-buffer`` bounds it: the older ones are dropped):
-    launch one CISPO step on them, beside this step's rollouts. The bank is fenced meanwhile
-    (the manager holds distillations and merges, which then run on the new weights). ``--extractor-async
-    0`` waits for it here instead. ``None`` when there is nothing to train."""
+    ``--extractor-batch`` calls ready to train (``--extractor-buffer`` bounds it: the older ones are dropped)
+    with two different rewards among them (:func:`~crl_agent.rl.batches.extractor_samples`): launch one CISPO
+    step on them, beside this step's rollouts. The bank is fenced meanwhile (the manager holds distillations
+    and merges, which then run on the new weights). ``--extractor-async 0`` waits for it here instead.
+    Returns the update (``None``: nothing to train) and what the step's row records of the buffer now:
+    ``extractor/dropped``, and ``extractor/alike`` (1: enough calls were ready, but all had earned the same
+    reward, so they wait for evidence that tells them apart)."""
     if setup.extractor_learner is None or not dist.main or step < cfg.extractor_warmup:  # static: frozen
-        return None
-    samples, used, dropped = extractor_samples(setup.manager, step, cfg.cooldown, cfg.extractor_batch,
-                                               cfg.extractor_buffer)
-    if not samples:
-        return None
+        return None, {}
+    samples, used, dropped, alike = extractor_samples(setup.manager, step, cfg.cooldown, cfg.extractor_batch,
+                                                      cfg.extractor_buffer)
     setup.manager.drop_from_buffer(dropped, step)
+    row = {"extractor/dropped": len(dropped), "extractor/alike": int(alike)}
+    if not samples:
+        if alike:
+            log.info("step %d: the extractor's %d ready calls all earned the same reward; they wait for more",
+                     step, cfg.extractor_batch)
+        return None, row
     setup.manager.pause_extractor()
     job = ExtractorUpdate(asyncio.create_task(update(setup.extractor_sync, setup.extractor_learner, samples)),
-                          used, setup.manager, row={"extractor/dropped": len(dropped)})
+                          used, setup.manager, row=row)
     if not cfg.extractor_async:
         await job.join(step)
-    return job
+    return job, row
 
 
 async def rollout(cfg: TrainConfig, pool, agent, step: int, dist) -> Rollouts:
@@ -482,7 +490,7 @@ class ExtractorUpdate:
             self.manager.resume_extractor()
         self.manager.mark_trained(self.used, step)
         self.row = {**self.row, **{f"extractor/{k}": v for k, v in metrics.items()},
-                    "extractor/reward": sum(s.reward for s in self.used) / len(self.used),
+                    "extractor/reward": sum(s.new_reward for s in self.used) / len(self.used),
                     "extractor/wait_s": time.perf_counter() - t0}
         return self.row
 

@@ -51,12 +51,12 @@ class LogManager:
 def test_a_trained_call_returns_to_the_buffer_only_with_new_outcomes_and_their_reward_alone():
     m = LogManager([call("a"), call("b"), outcome("e1", True, "a"), outcome("e2", False, "b"),
                     outcome("e3", True, "a")])
-    samples, used, _ = extractor_samples(m, step=5, cooldown=1, batch=2)
+    samples, used, *_ = extractor_samples(m, step=5, cooldown=1, batch=2)
     assert [s.call_id for s in used] == ["a", "b"]  # FIFO: a was credited first
     assert [s.new_reward for s in used] == [1.0, -1.0] and [s.advantage for s in samples] == [1.0, -1.0]
     m.mark_trained(used, step=5)
     # no new evidence: the old code took the same two calls again (every other step, past the cooldown)
-    assert extractor_samples(m, step=9, cooldown=1, batch=1) == ([], [], [])
+    assert extractor_samples(m, step=9, cooldown=1, batch=1)[:3] == ([], [], [])
     assert training_buffer(m.training_samples(9)) == []
     m.calls.write(outcome("e4", False, "a"))
     (queued,) = training_buffer(m.training_samples(9))
@@ -67,37 +67,61 @@ def test_a_trained_call_returns_to_the_buffer_only_with_new_outcomes_and_their_r
 
 
 def test_the_buffer_keeps_a_call_cooling_down_for_a_later_update():
-    m = LogManager([call("a"), call("b"), outcome("e1", True, "a")])
-    _, used, _ = extractor_samples(m, step=3, cooldown=1, batch=1)
+    m = LogManager([call("a"), call("b"), call("c"), call("d"), outcome("e1", True, "a"), outcome("e2", False, "c")])
+    _, used, *_ = extractor_samples(m, step=3, cooldown=1, batch=2)
+    assert [s.call_id for s in used] == ["a", "c"]
     m.mark_trained(used, step=3)
-    m.calls.write(outcome("e2", False, "a"))
-    m.calls.write(outcome("e3", True, "b"))
-    _, used, _ = extractor_samples(m, step=4, cooldown=1, batch=1)  # a is cooling down (trained at 3): b goes
-    assert [s.call_id for s in used] == ["b"]
+    for record in (outcome("e3", False, "a"), outcome("e4", True, "b"), outcome("e5", False, "c"),
+                   outcome("e6", False, "d"), outcome("e7", True, "c")):
+        m.calls.write(record)
+    _, used, *_ = extractor_samples(m, step=4, cooldown=1, batch=2)  # a and c are cooling down (trained at 3)
+    assert [s.call_id for s in used] == ["b", "d"]
     m.mark_trained(used, step=4)
-    _, used, _ = extractor_samples(m, step=5, cooldown=1, batch=1)  # a waited in the buffer, and goes now
-    assert [(s.call_id, s.new_reward) for s in used] == [("a", -1.0)]
+    _, used, *_ = extractor_samples(m, step=5, cooldown=1, batch=2)  # a and c waited in the buffer, and go now
+    assert [(s.call_id, s.new_reward) for s in used] == [("a", -1.0), ("c", 0.0)]
 
 
 def test_a_bounded_buffer_keeps_the_newest_calls_and_lets_the_older_evidence_go():
     m = LogManager([call("a"), call("b"), call("c"), outcome("e1", True, "a"), outcome("e2", False, "b"),
                     outcome("e3", True, "c")])
-    assert extractor_samples(m, step=5, cooldown=1, batch=4, capacity=2) == ([], [], [])  # too few: nothing dropped
-    samples, used, dropped = extractor_samples(m, step=5, cooldown=1, batch=1, capacity=2)
-    assert [s.call_id for s in dropped] == ["a"] and [s.call_id for s in used] == ["b"]  # the oldest of the 2 kept
+    assert extractor_samples(m, step=5, cooldown=1, batch=4, capacity=2)[:3] == ([], [], [])  # too few: none dropped
+    samples, used, dropped, _ = extractor_samples(m, step=5, cooldown=1, batch=2, capacity=2)
+    assert [s.call_id for s in dropped] == ["a"] and [s.call_id for s in used] == ["b", "c"]  # the 2 kept
     m.calls.write({"type": "dropped", "call_ids": ["a"], "step": 5})
     m.mark_trained(used, step=5)
-    (left,) = training_buffer(m.training_samples(6))
-    assert left.call_id == "c"
+    assert training_buffer(m.training_samples(6)) == []
     m.calls.write(outcome("e4", False, "a"))  # a dropped call comes back with new evidence, and only that
     a = next(s for s in m.training_samples(7) if s.call_id == "a")
     assert (a.new_reward, a.new_episodes, a.weight) == (-1.0, 1, 1.0)  # dropping is not training: full weight
 
 
+def test_a_batch_of_calls_that_all_earned_the_same_reward_grows_until_one_differs_or_waits():
+    # issue 46's crl seed 0: from step 6 every batch of 8 held calls whose guided episodes had all failed, so
+    # every advantage was 0, no weight moved, and the calls' evidence was spent: one update in 8 steps
+    m = LogManager([*(call(c) for c in "abcde"), outcome("e1", False, "a", "b", "c"), outcome("e2", True, "d")])
+    samples, used, dropped, alike = extractor_samples(m, step=5, cooldown=1, batch=2)
+    # a and b (the oldest) failed alike; c joins them, alike too, then d, which succeeded
+    assert [s.call_id for s in used] == ["a", "b", "c", "d"] and not alike and not dropped
+    assert [s.advantage for s in samples] == pytest.approx([-0.5, -0.5, -0.5, 1.5])
+    m.mark_trained(used, step=5)
+    m.calls.write(outcome("e3", False, "a"))
+    m.calls.write(outcome("e4", False, "e"))
+    # every ready call failed: none is taken, and each keeps its evidence; the older beyond the capacity go
+    assert extractor_samples(m, step=7, cooldown=1, batch=2) == ([], [], [], True)
+    samples, used, dropped, alike = extractor_samples(m, step=7, cooldown=1, batch=1, capacity=1)
+    assert (samples, used, [s.call_id for s in dropped], alike) == ([], [], ["a"], True)
+    m.calls.write({"type": "dropped", "call_ids": ["a"], "step": 7})
+    assert [s.call_id for s in training_buffer(m.training_samples(7))] == ["e"]  # e waits
+    m.calls.write(outcome("e5", True, "b"))  # evidence that tells them apart
+    samples, used, _, _ = extractor_samples(m, step=8, cooldown=1, batch=2)
+    assert [s.call_id for s in used] == ["e", "b"]  # b trained once before: weight (1 + 1) ** -0.5
+    assert [s.advantage for s in samples] == pytest.approx([-1.0, 2 ** -0.5])
+
+
 def test_tokens_the_model_did_not_choose_are_masked_out_of_the_extractors_loss():
     m = LogManager([call("a", 4, chosen=[True, False, True, False]), call("b", 2, chosen=[False, False]),
-                    call("c", 2), outcome("e1", True, "a", "b", "c")])
-    samples, used, _ = extractor_samples(m, step=1, cooldown=1, batch=2)
+                    call("c", 2), outcome("e1", True, "a", "b"), outcome("e2", False, "c")])
+    samples, used, *_ = extractor_samples(m, step=1, cooldown=1, batch=2)
     # b had no token of its own choosing: nothing to learn from, so it is not taken
     assert [s.call_id for s in used] == ["a", "c"]
     assert samples[0].response_mask == [True, False, True, False] and samples[1].response_mask is None

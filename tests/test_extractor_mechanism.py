@@ -192,7 +192,7 @@ async def train(llm, learner, folder, colour: str, steps: int, rng: random.Rando
         await manager.flush()
         if learner is None:
             continue
-        samples, used, _ = extractor_samples(manager, step, cooldown=1, batch=16)
+        samples, used, *_ = extractor_samples(manager, step, cooldown=1, batch=16)
         if samples:
             manager.pause_extractor()
             await sync.run_update(lambda samples=samples: learner.update(samples))

@@ -202,16 +202,17 @@ def test_the_extractor_batch_leaves_out_calls_in_cooldown_and_carries_the_versio
         ans = await m.ask("what about corners?", task=TASK)
         m.record_outcome("ep1", [corners], True, call_ids=[ans.call_id])
         m.record_outcome("ep2", [corners], False)
-        samples, used, _ = extractor_samples(m, 4, cooldown=1, batch=2)
+        samples, used, *_ = extractor_samples(m, 4, cooldown=1, batch=2)
         assert [u.call_id for u in used] == [corners.origin, ans.call_id]
         assert [s.policy_version for s in samples] == [1, 2]  # the learner sees them as stale once it moved on
         m.mark_trained(used, step=4)
-        m.record_outcome("ep3", [corners], True, call_ids=[ans.call_id])  # new evidence for both
+        m.record_outcome("ep3", [corners], True)  # new evidence for both
+        m.record_outcome("ep4", [], False, call_ids=[ans.call_id])
         assert extractor_samples(m, 5, cooldown=1, batch=1)[:2] == ([], [])  # both cool down, the answer too
-        samples, used, _ = extractor_samples(m, 6, cooldown=1, batch=2)
-        # each rewarded by its new outcome alone (+1 both: advantage 0), weighted by (1 + times trained) ** -0.5
-        assert [s.advantage for s in samples] == pytest.approx([0.0, 0.0])
-        assert [u.new_reward for u in used] == [1.0, 1.0] and [u.weight for u in used] == pytest.approx([2 ** -0.5] * 2)
+        samples, used, *_ = extractor_samples(m, 6, cooldown=1, batch=2)
+        # each rewarded by its new outcome alone, weighted by (1 + times trained) ** -0.5
+        assert [u.new_reward for u in used] == [1.0, -1.0] and [u.weight for u in used] == pytest.approx([2 ** -0.5] * 2)
+        assert [s.advantage for s in samples] == pytest.approx([2 ** -0.5, -(2 ** -0.5)])
         await m.aclose()
 
     try:
@@ -273,13 +274,16 @@ def _distilled(tiny, tmp_path, monkeypatch):
     async def main():
         m = ExperienceManager(bank, llm, ManagerConfig(merge_every=0, distil_params=params))
         await m.distil(traj(0))
-        m.record_outcome("ep", bank.entries(), True)
-        samples, *_ = extractor_samples(m, 1, cooldown=1, batch=1)
+        (first,) = bank.entries()
+        await m.distil(traj(1))  # a second call that fails: a batch needs two different rewards
+        m.record_outcome("ep", [first], True)
+        m.record_outcome("ep2", [e for e in bank.entries() if e.id != first.id], False)
+        samples, *_ = extractor_samples(m, 1, cooldown=1, batch=2)
         await m.aclose()
         return samples
 
     try:
-        (sample,) = asyncio.run(main())
+        sample, _ = asyncio.run(main())
     finally:
         bank.close()
     return llm, sample

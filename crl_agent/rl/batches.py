@@ -86,11 +86,13 @@ def turn_samples(episodes: list[Episode], advantages: list[float], weighting: st
 
 class ExtractorBatch(NamedTuple):
     """The extractor's next CISPO batch: its samples, the calls they come from, and the calls dropped from
-    the buffer to make room (their evidence is let go without an update)."""
+    the buffer to make room (their evidence is let go without an update). ``alike``: enough calls were
+    ready but every one had earned the same reward, so none was taken (zero advantages teach nothing)."""
 
     samples: list[TurnSample]
     used: list[Any]
     dropped: list[Any]
+    alike: bool = False
 
 
 def extractor_samples(manager: Any, step: int, cooldown: int, batch: int, capacity: int = 0) -> ExtractorBatch:
@@ -101,22 +103,36 @@ def extractor_samples(manager: Any, step: int, cooldown: int, batch: int, capaci
     weight (:func:`~crl_agent.rl.extractor_advantages`). ``capacity`` (0: none) bounds the buffer as the
     official ``MemoryTrainingBuffer`` does: of the calls ready to train, only the newest ``capacity`` are
     kept and the older ones are dropped (``dropped``; :meth:`ExperienceManager.drop_from_buffer` records
-    it), so an update never trains on evidence that a buffer of that size would have let go. Each sample
-    is stamped with the extractor version that sampled it and the temperature of its recorded log-probs
-    (the distillations' 0.7), at which the learner recomputes them, and masks the tokens the model did
-    not choose (``model_chosen``: a schema that allowed one token, a closer picked by rule). Nothing is
+    it), so an update never trains on evidence that a buffer of that size would have let go.
+
+    A batch needs two different rewards: against the batch mean, calls that all earned the same reward
+    (every episode they guided failed, say) have zero advantages and an update on them changes no weight,
+    yet would spend their evidence. So while the ``batch`` oldest are alike, the next calls in the buffer
+    join them, oldest first, until one differs; if every kept call is alike, none is taken (``alike``) and
+    they wait for evidence that tells them apart (the older ones beyond ``capacity`` are still dropped).
+    With the official batch of 64 alike batches are rare; with 8 calls of a weak actor they are the rule.
+
+    Each sample is stamped with the extractor version that sampled it and the temperature of its recorded
+    log-probs (the distillations' 0.7), at which the learner recomputes them, and masks the tokens the model
+    did not choose (``model_chosen``: a schema that allowed one token, a closer picked by rule). Nothing is
     taken or dropped while fewer than ``batch`` calls are ready."""
     ready = [s for s in training_buffer(manager.training_samples(step, cooldown)) if trainable_call(s)]
     if len(ready) < batch or batch < 1:
         return ExtractorBatch([], [], [])
     dropped = ready[:-capacity] if 0 < capacity < len(ready) else []
-    ready = ready[len(dropped):][:batch]
-    advantages = extractor_advantages([s.new_reward for s in ready], [s.weight for s in ready]).tolist()
+    kept = ready[len(dropped):]
+    take = batch
+    while take < len(kept) and len({s.new_reward for s in kept[:take]}) < 2:
+        take += 1
+    chosen = kept[:take]
+    if len({s.new_reward for s in chosen}) < 2:
+        return ExtractorBatch([], [], dropped, alike=True)
+    advantages = extractor_advantages([s.new_reward for s in chosen], [s.weight for s in chosen]).tolist()
     samples = [TurnSample(prompt_ids=s.prompt_token_ids, response_ids=s.token_ids, old_logprobs=s.logprobs,
                           advantage=adv, policy_version=s.policy_version, temperature=s.temperature,
                           response_mask=s.model_chosen if len(s.model_chosen) == len(s.token_ids) else None)
-               for s, adv in zip(ready, advantages, strict=True)]
-    return ExtractorBatch(samples, ready, dropped)
+               for s, adv in zip(chosen, advantages, strict=True)]
+    return ExtractorBatch(samples, chosen, dropped)
 
 
 def trainable_call(sample: Any) -> bool:
