@@ -33,6 +33,23 @@ def extractor_updates(run: dict) -> int | None:
     return ext.get("updates")
 
 
+def longest_pause(run: dict, after: int = 8) -> int | None:
+    """The most steps in a row, from step ``after`` on, in which the extractor made no update (issue 46 asks a
+    crl run for one at least every 4 steps from step 8: at most 3); ``None``: no per-step record."""
+    schedule = run.get("extractor_schedule") or []
+    if not schedule or any(row[1] is None for row in schedule):
+        return None
+    longest = current = 0
+    before = None
+    for step, updates, *_ in schedule:
+        updated = before is not None and updates > before
+        before = updates
+        if step >= after:
+            current = 0 if updated else current + 1
+            longest = max(longest, current)
+    return longest
+
+
 def effective_mode(run: dict) -> str:
     """``crl`` unless its extractor never updated (then :data:`STATIC_IN_EFFECT`); other modes as they are."""
     if run["mode"] == "crl" and not extractor_updates(run):

@@ -44,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from train_compare import comparison_lines, effective_mode, extractor_updates  # noqa: E402
+from train_compare import comparison_lines, effective_mode, extractor_updates, longest_pause  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "train_cpu"
 SCHEMA_VERSION = "2.0"  # 1.0: one file per tag (benchmarks/results/train_cpu*.json); 2.0: one file per run
@@ -369,6 +369,8 @@ def table(docs: list[dict], problems: list[str]) -> str:
                 if "after_with_experience" in r else "")
         if r["mode"] in ("crl", "static"):
             wexp += f"; extractor updates: {extractor_updates(r)}"
+        if r["mode"] == "crl" and (pause := longest_pause(r)) is not None and r["train_steps"] >= 8:
+            wexp += f", at most {pause} steps in a row without one from step 8"
         step_s = f"{r['step_s_median']:.0f} s" if r.get("step_s_median") else "-"
         lines.append(f"| {effective_mode(r)} | {r['seed']} | {host_label(doc['host'])} | {r['train_steps']} | {step_s} | "
                      f"{r['train_minutes']:.0f} min | {100 * r.get('before', nan):.1f}% | "

@@ -227,6 +227,8 @@ def test_report_pairs_modes_seed_by_seed_at_equal_steps_and_episodes_and_labels_
     bench.main(["--report", "--tag", "t"])
     table = (bench.RESULTS / "t" / "table.md").read_text()
     assert "| crl (static in effect) | 1 |" in table and "| crl | 0 |" in table
+    # its 3 updates all came by step 2: steps 8..8 had none (issue 46 asks for at most 3 in a row)
+    assert "extractor updates: 3, at most 1 steps in a row without one from step 8" in table
     assert "- crl (static in effect): seeds 1 made 0 extractor updates; left out of crl's verdict" in table
     assert "- crl: 1 of 5 seeds: gains +30.0" in table  # seed 1's +25 is not crl's
     # equal steps: crl seed 0 against grpo seed 0 at step 8: 50% - 40%
@@ -238,6 +240,19 @@ def test_report_pairs_modes_seed_by_seed_at_equal_steps_and_episodes_and_labels_
     assert "- crl - static, equal steps: seed 0 at step 8: +5.0" in table
     assert "- crl (with experience) - static, equal steps: seed 0 at step 8: +15.0" in table
     assert "these seeds resolve differences beyond ±13.9 points" in table  # 1.96 * 7.07 with one seed
+
+
+def test_the_longest_pause_between_extractor_updates_counts_from_step_8(bench):
+    import train_compare
+
+    def run(updates: list[int]) -> dict:
+        return {"extractor_schedule": [(i + 1, u, 0, 0, None, None) for i, u in enumerate(updates)]}
+
+    # updates at steps 5, 8 and 12: none at 9, 10, 11; none at 13, 14 either
+    assert train_compare.longest_pause(run([0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3])) == 3
+    assert train_compare.longest_pause(run([0] * 7 + list(range(1, 10)))) == 0  # every step from 8
+    assert train_compare.longest_pause(run([0] * 12)) == 5  # none at all: steps 8-12
+    assert train_compare.longest_pause({"extractor_schedule": [(1, None, 0, 0, None, None)]}) is None
 
 
 def test_the_resolution_grows_with_the_spread_of_the_paired_differences(bench):
