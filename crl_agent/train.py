@@ -208,8 +208,7 @@ async def start_extractor_update(cfg: TrainConfig, setup: RunSetup, step: int,
     row = {"extractor/dropped": len(dropped), "extractor/alike": int(alike)}
     if not samples:
         if alike:
-            log.info("step %d: the extractor's %d ready calls all earned the same reward; they wait for more",
-                     step, cfg.extractor_batch)
+            log.info("step %d: the extractor's ready calls all earned the same reward; they wait for more", step)
         return None, row
     setup.manager.pause_extractor()
     job = ExtractorUpdate(asyncio.create_task(update(setup.extractor_sync, setup.extractor_learner, samples)),
