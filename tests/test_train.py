@@ -138,14 +138,17 @@ def test_the_extractor_update_runs_beside_the_rollouts_and_no_distillation_runs_
     monkeypatch.setattr(ExperienceManager, "distil", distil)
     monkeypatch.setattr(ex, "parse_distil", parse_distil)
     args = ["--out", str(tmp_path), "--quiet", "--tasks", DOORS, "--mode", "crl", "--model", tiny, "--dtype", "float32",
-            "--groups", "1", "--group-size", "4", "--eval-episodes", "2", "--eval-every", "0", "--embedder", "hash",
-            "--extractor-warmup", "1", "--extractor-batch", "1", "--lora-rank", "4", "--steps", "4",
-            "--extractor-async", str(beside), "--agent-arg", "max_tool_calls=0"]
+            "--groups", "1", "--group-size", "8", "--eval-episodes", "2", "--eval-every", "0", "--embedder", "hash",
+            "--extractor-warmup", "1", "--extractor-batch", "2", "--lora-rank", "4", "--steps", "5",
+            "--extractor-async", str(beside), "--agent-arg", "max_tool_calls=0", "--explore", "0.5", "--seed", "3"]
     assert main(args) == 0
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    # step 1 writes entries, step 2's episodes use them (meta-rewards), steps 3 and 4 launch an update at their start
-    assert ["extractor/wait_s" in r for r in rows] == [False, False, True, True]
-    assert all(r["extractor/samples"] == 1 for r in rows[2:]) and len(overlapped) == 2
+    # step 1 writes entries, step 2's episodes use them (meta-rewards), later steps launch an update at their start
+    # once two ready calls earned different rewards (the actor explores, so the episodes an entry guides do not
+    # all end alike)
+    updated = [r["step"] for r in rows if "extractor/wait_s" in r]
+    assert len(updated) >= 2 and min(updated) >= 3, rows
+    assert all(r["extractor/samples"] >= 2 for r in rows if r["step"] in updated)
     assert rows[-1]["extractor/valid_rate"] == 1.0  # every (parsed) reply was a valid operation
     # the meta-reward so far, every step: none before step 2's episodes use step 1's entries
     from crl_agent.experience.calllog import load_samples
@@ -154,10 +157,10 @@ def test_the_extractor_update_runs_beside_the_rollouts_and_no_distillation_runs_
     rewarded = [x.reward for x in load_samples(tmp_path / "extractor_calls.jsonl") if x.reward is not None]
     assert rows[-1]["extractor/rewarded_calls"] == len(rewarded) > 0
     assert rows[-1]["extractor/meta_reward"] == pytest.approx(sum(rewarded) / len(rewarded))
-    assert overlapped == [bool(beside)] * 2  # beside: the step's rollouts ran while the extractor trained
+    assert overlapped == [bool(beside)] * len(updated)  # beside: the step's rollouts ran while the extractor trained
     assert distilled_while_paused and not any(distilled_while_paused)  # the bank stayed fenced meanwhile
     calls = [json.loads(x) for x in (tmp_path / "extractor_calls.jsonl").read_text().splitlines()]
-    assert [c["step"] for c in calls if c.get("type") == "trained"] == [2, 3]
+    assert [c["step"] + 1 for c in calls if c.get("type") == "trained"] == updated  # recorded at the step's index
 
 
 def test_exported_adapters_load_into_a_backend_and_reproduce_the_trained_policy(tiny, tmp_path):
