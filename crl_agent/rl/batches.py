@@ -121,12 +121,10 @@ def extractor_samples(manager: Any, step: int, cooldown: int, batch: int, capaci
         return ExtractorBatch([], [], [])
     dropped = ready[:-capacity] if 0 < capacity < len(ready) else []
     kept = ready[len(dropped):]
-    take = batch
-    while take < len(kept) and len({s.new_reward for s in kept[:take]}) < 2:
-        take += 1
-    chosen = kept[:take]
-    if len({s.new_reward for s in chosen}) < 2:
+    differs = next((i for i, s in enumerate(kept) if s.new_reward != kept[0].new_reward), None)
+    if differs is None:
         return ExtractorBatch([], [], dropped, alike=True)
+    chosen = kept[:max(batch, differs + 1)]
     advantages = extractor_advantages([s.new_reward for s in chosen], [s.weight for s in chosen]).tolist()
     samples = [TurnSample(prompt_ids=s.prompt_token_ids, response_ids=s.token_ids, old_logprobs=s.logprobs,
                           advantage=adv, policy_version=s.policy_version, temperature=s.temperature,
