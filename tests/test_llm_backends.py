@@ -128,11 +128,12 @@ def test_batched_rows_match_the_same_requests_run_alone(llm):
         assert t.logprobs == pytest.approx(a.logprobs, abs=1e-4)
 
 
-def _engine(llm, *, causal_prefill: bool, cache_bytes: int = 0) -> ForwardEngine:
-    """A forward engine on ``llm``'s model, with or without the plain causal prefill."""
+def _engine(llm, *, causal_prefill: bool = True, cache_bytes: int = 0, kv_room: bool = True) -> ForwardEngine:
+    """A forward engine on ``llm``'s model, with or without the plain causal prefill and the roomy cache."""
     return ForwardEngine(
         llm.model, device="cpu", pad_id=llm.pad_id, eos_ids=frozenset(), cache=PrefixCache(cache_bytes),
         decode_ids=llm.tokenizer.decode, model_name="tiny", policy_version=lambda: 0, causal_prefill=causal_prefill,
+        kv_room=kv_room,
     )
 
 
@@ -155,6 +156,42 @@ def test_causal_prefill_gives_the_masked_prefills_tokens_and_logprobs(llm):
             assert g.sampling_logprobs == pytest.approx(w.sampling_logprobs, abs=1e-4)
     assert (causal.prefills.causal, causal.prefills.masked) == (3, 0)
     assert (masked.prefills.causal, masked.prefills.masked) == (0, 3)
+
+
+def test_decoding_into_a_roomy_cache_gives_the_dynamic_caches_tokens_and_logprobs(llm, monkeypatch):
+    """Keys/values written in place (kv_room) decode what the copying dynamic cache decodes: padded rows,
+    rows that finish early (the batch shrinks) and prompts whose start comes from the prefix cache."""
+    from crl_agent.llm import kv_room
+
+    made = []
+    real = kv_room.make_room
+    monkeypatch.setattr(kv_room, "make_room", lambda cache, room: (made.append(room), real(cache, room))[1])
+    a, b = llm.render(CHAT), llm.render([{"role": "user", "content": "A much longer prompt than the other."}])
+    batches = [[_gen(a, 16)], [_gen(a, 5), _gen(b, 16, temperature=1.0, seed=3), _gen(b + [5, 6], 9, 0.7, 4)]]
+    roomy, plain = _engine(llm, cache_bytes=2**26, kv_room=True), _engine(llm, cache_bytes=2**26, kv_room=False)
+    for reqs in [*batches, batches[1]]:  # the last batch again: its prompts now start from the prefix cache
+        got, want = roomy.run(reqs), plain.run([GenRequest(**r.__dict__) for r in reqs])
+        for g, w, r in zip(got, want, reqs, strict=True):
+            assert g.token_ids == w.token_ids and len(g.token_ids) == r.max_new
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+            assert g.sampling_logprobs == pytest.approx(w.sampling_logprobs, abs=1e-4)
+    assert made == [16, 16, 16], "the roomy engine did not decode into a roomy cache"
+
+
+def test_a_roomy_layer_grows_when_its_room_runs_out_and_keeps_what_it_held():
+    import torch
+
+    from crl_agent.llm.kv_room import RoomyLayer
+
+    layer = RoomyLayer(torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4), room=1)
+    for step in range(5):
+        layer.update(torch.full((2, 1, 1, 4), step + 1.0), torch.full((2, 1, 1, 4), -(step + 1.0)))
+    assert layer.get_seq_length() == 8 and layer._k.shape[-2] >= 8
+    assert layer.keys[1, 0, :, 0].tolist() == [0, 0, 0, 1, 2, 3, 4, 5]
+    assert layer.values[0, 0, :, 3].tolist() == [0, 0, 0, -1, -2, -3, -4, -5]
+    layer.batch_select_indices(torch.tensor([1]))
+    layer.update(torch.full((1, 1, 1, 4), 9.0), torch.full((1, 1, 1, 4), 9.0))
+    assert layer.keys.shape == (1, 1, 9, 4) and layer.keys[0, 0, :, 0].tolist() == [0, 0, 0, 1, 2, 3, 4, 5, 9]
 
 
 def test_causal_prefill_is_taken_only_without_padding_cache_or_candidates(llm):

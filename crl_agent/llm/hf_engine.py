@@ -119,6 +119,9 @@ class ForwardEngine:
             in further forwards (generation requests always share the first).
         causal_prefill: run forwards that need no explicit mask (see the module docstring) with the
             model's own causal mask; False builds the 4D mask for every forward (for comparisons).
+        kv_room: decode into key/value buffers with room for the tokens to come
+            (:mod:`crl_agent.llm.kv_room`) instead of growing them by a copy every step; False: the plain
+            dynamic cache (for comparisons).
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class ForwardEngine:
         max_forward_tokens: int = 8192,
         interleave_steps: int = 4,
         causal_prefill: bool = True,
+        kv_room: bool = True,
     ):
         import torch
         import transformers
@@ -146,6 +150,7 @@ class ForwardEngine:
         self.max_forward_tokens = max_forward_tokens
         self.interleave_steps = int(interleave_steps)
         self.causal_prefill = bool(causal_prefill)
+        self.kv_room = bool(kv_room)
         self.prefills = PrefillStats()
         self.on_decode_step: Callable[[int], None] | None = None  # observer, called after each decoding step
         self.base = model.base_model
@@ -397,6 +402,10 @@ class ForwardEngine:
                 window: BatchWindow | None = None) -> list[Completion | Exception]:
         torch, dev = self.torch, self.device
         n = len(reqs)
+        if self.kv_room:
+            from crl_agent.llm.kv_room import make_room
+
+            make_room(kv_cache, max(r.max_new for r in reqs))
         gens = [torch.Generator().manual_seed(r.seed) for r in reqs]
         next_pos = torch.tensor([[len(r.prompt_ids)] for r in reqs], device=dev)
         active = list(range(n))  # request index of each row still in the batch

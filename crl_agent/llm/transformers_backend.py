@@ -158,6 +158,8 @@ class TransformersLLM(LLM):
         interleave_steps: while generations decode, run the scoring requests that arrived since their
             batch started every this many decoding steps (:mod:`crl_agent.llm.hf_engine`); 0: scores
             wait for the batch that is running to finish, as before.
+        kv_room: decode into key/value buffers that have room for the tokens to come
+            (:mod:`crl_agent.llm.kv_room`); False: the copying dynamic cache (for comparisons).
     """
 
     name = "transformers"
@@ -179,6 +181,7 @@ class TransformersLLM(LLM):
         max_forward_tokens: int = 8192,
         adapter: str | Path | None = None,
         interleave_steps: int = 4,
+        kv_room: bool = True,
     ):
         torch, transformers = _import_torch()
         # before the first bf16 matmul (the dtype probe below): oneDNN reads its cache sizes once
@@ -242,7 +245,7 @@ class TransformersLLM(LLM):
         self._engine = ForwardEngine(
             self.model, device=device, pad_id=self.pad_id, eos_ids=self.eos_ids, cache=self.prefix_cache,
             decode_ids=self._decode_ids, model_name=self.model_name, policy_version=lambda: self.policy_version,
-            max_forward_tokens=int(max_forward_tokens), interleave_steps=int(interleave_steps),
+            max_forward_tokens=int(max_forward_tokens), interleave_steps=int(interleave_steps), kv_room=kv_room,
         )
         self.interleave_steps = int(interleave_steps)
         self._batcher: RequestBatcher[GenRequest | ScoreRequest, Completion | ScoreOutput] = RequestBatcher(
