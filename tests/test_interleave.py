@@ -180,3 +180,124 @@ def test_batcher_carries_untaken_and_refused_requests_into_the_next_batch():
     out, stats = asyncio.run(main())
     assert out == ["long done", "gen done", "score1 inside", "score2 inside"]
     assert batches == [["long"], ["gen"]] and stats.interleaved == 2 and stats.offered == 2
+
+
+# ------------------------------------------------------------------ generations join a decoding batch
+class _Window:
+    """A batch window by hand: requests offered to the running batch, and what it resolved at which step."""
+
+    def __init__(self, engine):
+        self.engine, self.inbox, self.resolved = engine, [], {}
+        self.step = 0
+
+    def offer(self, name, req):
+        self.inbox.append((req, lambda res, name=name: self.resolved.setdefault(name, (res, self.step))))
+
+    def take(self, accept=None):
+        taken = [x for x in self.inbox if accept is None or accept(x[0])]
+        self.inbox = [x for x in self.inbox if x not in taken]
+        return taken
+
+    def deliver(self, index, result):
+        self.resolved.setdefault(f"batch{index}", (result, self.step))
+
+
+def _gen_req(llm, chat, max_new, temperature=0.0, seed=0):
+    from crl_agent.llm.hf_engine import GenRequest
+
+    return GenRequest(llm.render(chat), SamplingParams(max_tokens=max_new, temperature=temperature), max_new, seed)
+
+
+def test_generations_that_arrive_mid_decode_join_the_batch_and_decode_what_they_would_alone(tiny):
+    """Two chats offered at decoding step 2 of a 40-token generation join it at step 4, return long before it
+    ends, and decode the tokens (and log-probs) they decode alone; the long row is undisturbed."""
+    llm = TransformersLLM(tiny, dtype="float32", prefix_cache_bytes=2**26, interleave_steps=4)
+    llm.eos_ids = set()
+    engine = llm._engine
+    long = _gen_req(llm, CHAT, 40)
+    shorts = {"greedy": _gen_req(llm, ASK, 6), "sampled": _gen_req(llm, ASK + [{"role": "user", "content": "Go."}],
+                                                                    8, temperature=1.0, seed=7)}
+    window = _Window(engine)
+
+    def hook(step):
+        window.step = step
+        if step == 2:
+            for name, req in shorts.items():
+                window.offer(name, req)
+
+    engine.on_decode_step = hook
+    try:
+        got_long = engine.run([long], window)[0]
+        engine.on_decode_step = None
+        assert engine.joined == 2 and not window.inbox
+        for name, req in shorts.items():
+            res, step = window.resolved[name]
+            alone = engine.run([type(req)(**req.__dict__)])[0]
+            assert step <= 4 + req.max_new < 40, f"{name} returned at step {step}, after the long generation"
+            assert res.token_ids == alone.token_ids and len(res.token_ids) == req.max_new
+            assert res.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+            assert res.sampling_logprobs == pytest.approx(alone.sampling_logprobs, abs=1e-4)
+        alone_long = engine.run([_gen_req(llm, CHAT, 40)])[0]
+        assert got_long.token_ids == alone_long.token_ids
+        assert got_long.logprobs == pytest.approx(alone_long.logprobs, abs=1e-4)
+        assert window.resolved["batch0"][1] == 39  # the batch's own request is delivered when it finishes
+    finally:
+        asyncio.run(llm.aclose())
+
+
+def test_a_batch_takes_in_at_most_max_rows_generations_and_leaves_the_rest_for_the_next(tiny):
+    """max_rows 2: one row decodes, so one chat joins at a time, two in all; the third is left offered."""
+    llm = TransformersLLM(tiny, dtype="float32", prefix_cache_bytes=0, interleave_steps=2, max_batch_size=2)
+    llm.eos_ids = set()
+    engine = llm._engine
+    window = _Window(engine)
+
+    def hook(step):
+        window.step = step
+        if step == 1:
+            for k in range(3):
+                window.offer(f"short{k}", _gen_req(llm, ASK, 3, seed=k))
+
+    engine.on_decode_step = hook
+    try:
+        engine.run([_gen_req(llm, CHAT, 30)], window)
+        assert engine.joined == 2 and len(window.inbox) == 1
+        assert {"short0", "short1"} <= set(window.resolved) and "short2" not in window.resolved
+        assert window.resolved["short0"][1] < window.resolved["short1"][1] < 29
+    finally:
+        asyncio.run(llm.aclose())
+
+
+def test_a_chat_sent_while_another_decodes_joins_it_through_the_backend(tiny):
+    """End to end: the batcher offers the second chat to the running batch, which takes it in (one batch,
+    not two), and both return what they return alone."""
+    llm = _backend(tiny, interleave_steps=4)
+    short_params = SamplingParams(max_tokens=5, temperature=0.0)
+    long_params = SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        holder = {}
+
+        def hook(step):
+            if step == 2:
+                holder["short"] = asyncio.run_coroutine_threadsafe(llm.chat(ASK, short_params), loop)
+            if step == 3:  # hold the decoder until the batcher has offered the chat to this batch
+                deadline = time.monotonic() + 30
+                while llm.batch_stats.offered < 1 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+
+        llm._engine.on_decode_step = hook
+        long = await llm.chat(CHAT, long_params)
+        short = await asyncio.wrap_future(holder["short"])
+        llm._engine.on_decode_step = None
+        return long, short, list(llm.batch_stats.sizes)
+
+    try:
+        long, short, sizes = asyncio.run(main())
+        assert sizes == [1] and llm._engine.joined == 1, "the second chat did not join the running batch"
+        alone_short = asyncio.run(llm.chat(ASK, short_params))
+        alone_long = asyncio.run(llm.chat(CHAT, long_params))
+        assert short.token_ids == alone_short.token_ids and long.token_ids == alone_long.token_ids
+    finally:
+        asyncio.run(llm.aclose())

@@ -12,7 +12,8 @@ batch take in short requests that arrive after it started: ``generate_batch(requ
 gets a :class:`BatchWindow`; the batch calls ``window.take()`` when it can fit extra work (the
 transformers backend: between decoding steps) and resolves what it took with the callbacks it got,
 and ``window.deliver(i, result)`` resolves its own request ``i`` before the whole batch is done.
-So a score request never waits for a long generation to finish. Requests the batch did not take
+So a score request never waits for a long generation to finish (and, in the transformers backend, a
+generation request joins the rows that are decoding). Requests the batch did not take
 (and those the predicate refuses) run in the next batch, first.
 """
 
@@ -62,10 +63,17 @@ class BatchWindow(Generic[R, T]):
         """Resolve request ``index`` of this batch now (its slot in the returned list is then ignored)."""
         self._loop.call_soon_threadsafe(_resolve, self._futures[index], result)
 
-    def take(self) -> list[tuple[R, Callable[[T | BaseException], None]]]:
-        """Requests that arrived since the batch started and may join it, each with the callback that resolves it."""
+    def take(self, accept: Callable[[R], bool] | None = None) -> list[tuple[R, Callable[[T | BaseException], None]]]:
+        """Requests that arrived since the batch started and may join it, each with the callback that resolves it.
+
+        With ``accept``, only the requests it accepts (asked once each, in arrival order); the others stay
+        offered, and run in the next batch if no later ``take`` accepts them."""
         with self._lock:
-            items, self._inbox = list(self._inbox), deque()
+            items: list[tuple[R, asyncio.Future]] = []
+            kept: deque[tuple[R, asyncio.Future]] = deque()
+            for item in self._inbox:
+                (items if accept is None or accept(item[0]) else kept).append(item)
+            self._inbox = kept
         self._stats.interleaved += len(items)
         return [(req, self._resolver(fut)) for req, fut in items]
 

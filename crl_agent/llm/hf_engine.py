@@ -28,7 +28,7 @@ prompts take the masked path from their cached start (a distillation after the f
 538-token system prompt is cached, took 17.8 s).
 
 After the forward, each request's prompt keys/values go back into the cache; generation rows then
-decode together with a 2D padding mask, leaving the batch as they finish.
+decode together with a 2D padding mask, leaving the batch (and delivered) as they finish.
 
 Scoring never waits for decoding (continuous batching for scores): a batch's scoring forwards run
 before its generations decode and their results are delivered at once, and every
@@ -37,6 +37,15 @@ batch started (:class:`~crl_agent.llm.batching.BatchWindow`), runs their forward
 their own, delivers them, and goes on decoding. A scoring forward builds its own key/value cache, so
 the generations' caches and sampling streams are untouched: scores and sampled tokens equal those of
 the same requests run alone.
+
+Generations join too (continuous batching, ``join_generations``): at the same points the engine takes
+generation requests that arrived, up to ``max_rows`` rows decoding, prefills them in a forward of their
+own (their cached prefixes included), and lines their keys/values up with the decoding rows': both are
+padded to the longer of the two lengths, the padding masked out, positions explicit, so each row still
+attends to its own prompt and tokens only. A joined request samples from its own seeded generator, so it
+decodes what it would alone (up to float rounding). A batch takes in at most ``max_rows`` requests, so it
+ends, and work that waits for the worker thread between batches (a weight sync) is not starved. An
+answer of 33 tokens that waited for a batch of 128-token distillations now decodes beside them.
 """
 
 from __future__ import annotations
@@ -122,6 +131,11 @@ class ForwardEngine:
         kv_room: decode into key/value buffers with room for the tokens to come
             (:mod:`crl_agent.llm.kv_room`) instead of growing them by a copy every step; False: the plain
             dynamic cache (for comparisons).
+        max_rows: most generation rows decoding together once requests join a running batch (the backend's
+            ``max_batch_size``).
+        join_generations: generation requests that arrive while a batch decodes join it (up to ``max_rows``
+            rows, and at most ``max_rows`` joined per batch, so the batch ends and weight syncs get their
+            turn); False: they wait for the next batch.
     """
 
     def __init__(
@@ -139,6 +153,8 @@ class ForwardEngine:
         interleave_steps: int = 4,
         causal_prefill: bool = True,
         kv_room: bool = True,
+        max_rows: int = 8,
+        join_generations: bool = True,
     ):
         import torch
         import transformers
@@ -151,6 +167,9 @@ class ForwardEngine:
         self.interleave_steps = int(interleave_steps)
         self.causal_prefill = bool(causal_prefill)
         self.kv_room = bool(kv_room)
+        self.max_rows = max(1, int(max_rows))
+        self.join_generations = bool(join_generations)
+        self.joined = 0  # generation requests that joined a decoding batch (tests and benchmarks read it)
         self.prefills = PrefillStats()
         self.on_decode_step: Callable[[int], None] | None = None  # observer, called after each decoding step
         self.base = model.base_model
@@ -165,8 +184,8 @@ class ForwardEngine:
     def run(self, reqs: list[GenRequest | ScoreRequest], window: BatchWindow | None = None) -> list[Any]:
         """One result per request: a Completion, a ScoreOutput or an exception.
 
-        With a ``window`` (the batcher's), each group's results are delivered as soon as it is done, and
-        decoding takes in the scoring requests that arrive meanwhile (see the module docstring)."""
+        With a ``window`` (the batcher's), each result is delivered as soon as it is ready (a generation when
+        it finishes), and decoding takes in the requests that arrive meanwhile (see the module docstring)."""
         torch = self.torch
         results: list[Any] = [RuntimeError("cancelled before it ran")] * len(reqs)
         live = [i for i, r in enumerate(reqs) if not r.cancelled]
@@ -187,8 +206,9 @@ class ForwardEngine:
             groups.append(gens)
         with torch.inference_mode():
             for group in groups:
+                deliver = None if window is None else [lambda res, i=i: window.deliver(i, res) for i in group]
                 try:
-                    done = self._run_group([plans[i] for i in group], cache_version, window)
+                    done = self._run_group([plans[i] for i in group], cache_version, window, deliver)
                     for i, res in zip(group, done, strict=True):
                         results[i] = res
                 except Exception as e:  # noqa: BLE001 - fails this forward's requests, not the batcher
@@ -196,15 +216,27 @@ class ForwardEngine:
                         results[i] = e
                 if window is not None:
                     for i in group:
-                        window.deliver(i, results[i])
+                        window.deliver(i, results[i])  # a no-op for those delivered already
         return results
 
-    def _take_in(self, window: BatchWindow) -> None:
-        """Run the requests that arrived while decoding (scores) and deliver their results."""
-        late = window.take()
-        if late:
-            for (_, resolve), res in zip(late, self.run([req for req, _ in late]), strict=True):
+    def _take_in(self, window: BatchWindow, gen_room: int = 0) -> list[tuple[GenRequest, Callable[[Any], None]]]:
+        """Run the scoring requests that arrived while decoding and deliver their results; return the
+        generation requests taken to join the decoding rows (at most ``gen_room``)."""
+        room = [gen_room]
+
+        def accept(req) -> bool:
+            if isinstance(req, GenRequest):
+                if room[0] <= 0 or req.cancelled:
+                    return False
+                room[0] -= 1
+            return True
+
+        late = window.take(accept)
+        scores = [(req, resolve) for req, resolve in late if isinstance(req, ScoreRequest)]
+        if scores:
+            for (_, resolve), res in zip(scores, self.run([req for req, _ in scores]), strict=True):
                 resolve(res)
+        return [(req, resolve) for req, resolve in late if isinstance(req, GenRequest)]
 
     def _plan(self, req: GenRequest | ScoreRequest) -> _Row:
         prompt = req.prompt_ids
@@ -224,9 +256,10 @@ class ForwardEngine:
                 row.pos += range(len(prompt), len(prompt) + len(cand))
         return row
 
-    def _run_group(self, rows: list[_Row], cache_version: int, window: BatchWindow | None = None) -> list[Any]:
+    def _forward(self, rows: list[_Row], cache_version: int):
+        """The forward of ``rows`` (prompt suffixes and candidates) on their cached prefixes: the last hidden
+        states, the key/value cache, each new token's segment, each row's cached length and the padded past."""
         torch, dev = self.torch, self.device
-        version = self.policy_version()
         n_rows, past = len(rows), max(r.cached for r in rows)
         width = max(len(r.new) for r in rows)
         input_ids = torch.full((n_rows, width), self.pad_id, dtype=torch.long)
@@ -250,8 +283,26 @@ class ForwardEngine:
             hidden = self.base(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=kv_cache,
                                use_cache=True).last_hidden_state
         self._store_prompts(rows, kv_cache, past, cache_version)
+        return hidden, kv_cache, seg, cached, past
 
-        results: list[Any] = [None] * n_rows
+    def _start_generations(self, rows: list[_Row], gen_rows: list[int], hidden, kv_cache, seg, cached, past: int):
+        """The first next-token logits of the generation rows ``gen_rows`` of a forward, and their decoding
+        mask (valid cached prefix and prompt suffix columns); ``kv_cache`` keeps those rows only."""
+        torch, dev = self.torch, self.device
+        last = torch.tensor([rows[b].suffix - 1 for b in gen_rows], device=dev)
+        logits = self._logits(hidden[torch.tensor(gen_rows, device=dev), last]).cpu()
+        if len(gen_rows) < len(rows):
+            kv_cache.batch_select_indices(torch.tensor(gen_rows, device=dev))
+        idx = torch.arange(past)
+        past_ok = idx[None, :] < cached[gen_rows][:, None]
+        attn = torch.cat([past_ok, seg[gen_rows] == 0], dim=1).long().to(dev)
+        return logits, attn
+
+    def _run_group(self, rows: list[_Row], cache_version: int, window: BatchWindow | None = None,
+                   deliver: list[Callable[[Any], None]] | None = None) -> list[Any]:
+        version = self.policy_version()
+        hidden, kv_cache, seg, cached, past = self._forward(rows, cache_version)
+        results: list[Any] = [None] * len(rows)
         score_rows = [b for b, r in enumerate(rows) if isinstance(r.req, ScoreRequest)]
         if score_rows:
             for b, lps in zip(score_rows, self._score_logprobs(hidden, [rows[b] for b in score_rows],
@@ -259,18 +310,45 @@ class ForwardEngine:
                 results[b] = ScoreOutput(lps, version)
         gen_rows = [b for b, r in enumerate(rows) if isinstance(r.req, GenRequest)]
         if gen_rows:
-            last = torch.tensor([rows[b].suffix - 1 for b in gen_rows], device=dev)
-            logits = self._logits(hidden[torch.tensor(gen_rows, device=dev), last]).cpu()
-            if len(gen_rows) < n_rows:
-                kv_cache.batch_select_indices(torch.tensor(gen_rows, device=dev))
-            # decoding masks: valid cached prefix and prompt suffix columns of each generation row
-            idx = torch.arange(past)
-            past_ok = idx[None, :] < cached[gen_rows][:, None]
-            attn = torch.cat([past_ok, seg[gen_rows] == 0], dim=1).long().to(dev)
-            completions = self._decode([rows[b].req for b in gen_rows], kv_cache, logits, attn, version, window)
+            logits, attn = self._start_generations(rows, gen_rows, hidden, kv_cache, seg, cached, past)
+            del hidden
+            completions = self._decode([rows[b].req for b in gen_rows], kv_cache, logits, attn, version, window,
+                                       None if deliver is None else [deliver[b] for b in gen_rows])
             for b, c in zip(gen_rows, completions, strict=True):
                 results[b] = c
         return results
+
+    def _join(self, taken: list[tuple[GenRequest, Callable[[Any], None]]], kv_cache, mask):
+        """Prefill the generation requests ``taken`` in mid-decode and line them up with the decoding rows:
+        returns the merged cache and mask, the new rows' first logits and the requests that started (a failed
+        prefill resolves its requests with the error)."""
+        torch = self.torch
+        rows = [self._plan(req) for req, _ in taken]
+        try:
+            hidden, new_kv, seg, cached, past = self._forward(rows, self.cache.version)
+            logits, new_mask = self._start_generations(rows, list(range(len(rows))), hidden, new_kv, seg, cached,
+                                                       past)
+        except Exception as e:  # noqa: BLE001 - fails the joining requests only
+            for _, resolve in taken:
+                resolve(e)
+            return kv_cache, mask, None, []
+        old_len, new_len = mask.shape[1], new_mask.shape[1]
+        width = max(old_len, new_len)
+        layers = []
+        for old, new in zip(kv_cache.layers, new_kv.layers, strict=True):
+            kv = []
+            for a, b in ((old.keys, new.keys), (old.values, new.values)):
+                # the decoding rows' columns, then the new rows' columns; the gap each leaves is masked out
+                merged = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3]))
+                merged[: a.shape[0], :, : a.shape[2]] = a
+                merged[a.shape[0]:, :, : b.shape[2]] = b
+                kv.append(merged)
+            layers.append(tuple(kv))
+        merged_cache = self.transformers.DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        merged_mask = torch.zeros((mask.shape[0] + new_mask.shape[0], width), dtype=mask.dtype, device=mask.device)
+        merged_mask[: mask.shape[0], :old_len] = mask
+        merged_mask[mask.shape[0]:, :new_len] = new_mask
+        return merged_cache, merged_mask, logits, [req for req, _ in taken]
 
     def _plain_causal(self, rows: list[_Row], past: int) -> bool:
         """Whether the forward of ``rows`` is plain causal attention: generation rows only (a scoring row's
@@ -399,9 +477,17 @@ class ForwardEngine:
         return self._sample(logits.masked_fill(~allowed, float("-inf")), req.params, gen), choices > 1
 
     def _decode(self, reqs: list[GenRequest], kv_cache, logits, mask, version: int,
-                window: BatchWindow | None = None) -> list[Completion | Exception]:
+                window: BatchWindow | None = None,
+                deliver: list[Callable[[Any], None]] | None = None) -> list[Completion | Exception]:
+        """Decode ``reqs`` together; returns their results. ``deliver`` (one per request) resolves each as it
+        finishes. With a ``window``, every ``interleave_steps`` steps the batch takes in the scoring requests
+        that arrived (run at once) and, while it has fewer than ``max_rows`` rows and has taken in fewer than
+        ``max_rows`` generations, generation requests: they are prefilled, lined up with the decoding rows
+        and decode with them from then on (resolved through the window as they finish)."""
         torch, dev = self.torch, self.device
         n = len(reqs)
+        reqs = list(reqs)  # joined requests are appended
+        resolvers: list[Callable[[Any], None] | None] = list(deliver) if deliver is not None else [None] * n
         if self.kv_room:
             from crl_agent.llm.kv_room import make_room
 
@@ -416,13 +502,35 @@ class ForwardEngine:
         finish = ["length"] * n
         stop_at: list[int | None] = [None] * n
         failed: dict[int, Exception] = {}
+        results: dict[int, Completion | Exception] = {}
+        joined = 0
         steps = 0
+
+        def complete(i: int) -> None:
+            r = reqs[i]
+            if i in failed:
+                res: Completion | Exception = failed[i]
+            else:
+                text = self.decode_ids(gen_ids[i])
+                if stop_at[i] is not None:
+                    text = text[: stop_at[i]]
+                res = Completion(
+                    text=text, token_ids=gen_ids[i], logprobs=lps[i], prompt_token_ids=list(r.prompt_ids),
+                    prompt_tokens=len(r.prompt_ids), finish_reason=finish[i], model=self.model_name,
+                    policy_version=version, sampling_logprobs=sampled[i], model_chosen=chosen[i],
+                )
+            results[i] = res
+            resolve = resolvers[i]
+            if resolve is not None and not r.cancelled:
+                resolve(res)
+
         while active:
             logprobs = torch.log_softmax(logits, dim=-1)
             keep_rows, feed = [], []
             for row, i in enumerate(active):
                 r = reqs[i]
                 if r.cancelled:  # nobody waits for this row any more
+                    complete(i)
                     continue
                 if r.constraint is None:
                     tok, free = self._sample(logits[row], r.params, gens[i]), True
@@ -431,6 +539,7 @@ class ForwardEngine:
                         tok, free = self._sample_constrained(logits[row], r, gens[i], len(gen_ids[i]))
                     except RuntimeError as e:  # fails this request only
                         failed[i] = e
+                        complete(i)
                         continue
                 gen_ids[i].append(tok)
                 chosen[i].append(free)
@@ -441,6 +550,7 @@ class ForwardEngine:
                 done = False
                 if r.constraint is not None and not r.constraint.advance(tok) and tok not in self.eos_ids:
                     failed[i] = RuntimeError(f"the schema rejected token {tok}: {r.constraint.error()}")
+                    complete(i)
                     continue
                 if tok in self.eos_ids:
                     finish[i], done = "stop", True
@@ -451,7 +561,9 @@ class ForwardEngine:
                         finish[i], stop_at[i], done = "stop", min(hits), True
                 if not done and len(gen_ids[i]) >= r.max_new:
                     done = True
-                if not done:
+                if done:
+                    complete(i)
+                else:
                     keep_rows.append(row)
                     feed.append(tok)
             if not keep_rows:
@@ -472,18 +584,31 @@ class ForwardEngine:
             if self.on_decode_step is not None:
                 self.on_decode_step(steps)
             if window is not None and self.interleave_steps > 0 and steps % self.interleave_steps == 0:
-                self._take_in(window)
-        results: list[Completion | Exception] = []
-        for i, r in enumerate(reqs):
-            if i in failed:
-                results.append(failed[i])
-                continue
-            text = self.decode_ids(gen_ids[i])
-            if stop_at[i] is not None:
-                text = text[: stop_at[i]]
-            results.append(Completion(
-                text=text, token_ids=gen_ids[i], logprobs=lps[i], prompt_token_ids=list(r.prompt_ids),
-                prompt_tokens=len(r.prompt_ids), finish_reason=finish[i], model=self.model_name,
-                policy_version=version, sampling_logprobs=sampled[i], model_chosen=chosen[i],
-            ))
-        return results
+                # rows line up by padding keys/values, which only full-attention layers allow (``cacheable``)
+                joins = self.join_generations and self.cacheable
+                room = min(self.max_rows - len(active), self.max_rows - joined) if joins else 0
+                taken = self._take_in(window, room)
+                if taken:
+                    joined += len(taken)
+                    kv_cache, mask, new_logits, started = self._join(taken, kv_cache, mask)
+                    if started:
+                        if self.kv_room:
+                            make_room(kv_cache, max(r.max_new for r in [*started, *(reqs[i] for i in active)]))
+                        by_req = {id(req): resolve for req, resolve in taken}
+                        for req in started:
+                            active.append(len(reqs))
+                            reqs.append(req)
+                            resolvers.append(by_req[id(req)])
+                            gens.append(torch.Generator().manual_seed(req.seed))
+                            for acc in (gen_ids, lps, sampled, chosen):
+                                acc.append([])
+                            finish.append("length")
+                            stop_at.append(None)
+                        new_pos = torch.tensor([[len(req.prompt_ids)] for req in started], device=dev)
+                        next_pos = torch.cat([next_pos, new_pos])
+                        logits = torch.cat([logits, new_logits])
+                        self.joined += len(started)
+        for i in range(len(reqs)):
+            if i not in results:  # left when the batch ended
+                complete(i)
+        return [results[i] for i in range(n)]

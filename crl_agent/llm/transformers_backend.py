@@ -5,7 +5,9 @@ by a :class:`~crl_agent.llm.batching.RequestBatcher` (a few ms, up to ``max_batc
 together in a worker thread (:mod:`crl_agent.llm.hf_engine`): one forward computes every prompt's
 uncached tokens and every candidate, then generations decode together. Scores never wait for a long
 generation (an extractor's distillation): those that arrive while it decodes run between its
-decoding steps (``interleave_steps``) and return at once. Each request keeps its own
+decoding steps (``interleave_steps``) and return at once. Chats that arrive meanwhile join the
+decoding rows there (``join_generations``: prefilled, lined up with the rows' keys/values, and
+returned as each finishes), so a short answer does not wait for a batch of long ones. Each request keeps its own
 sampling settings (temperature, top-p, seed, stop strings, max tokens), and rows that finish leave
 the batch early.
 
@@ -160,6 +162,8 @@ class TransformersLLM(LLM):
             wait for the batch that is running to finish, as before.
         kv_room: decode into key/value buffers that have room for the tokens to come
             (:mod:`crl_agent.llm.kv_room`); False: the copying dynamic cache (for comparisons).
+        join_generations: a chat that arrives while a batch decodes joins it at the next interleave point
+            (up to ``max_batch_size`` rows) instead of waiting for the whole batch; needs ``interleave_steps``.
     """
 
     name = "transformers"
@@ -182,6 +186,7 @@ class TransformersLLM(LLM):
         adapter: str | Path | None = None,
         interleave_steps: int = 4,
         kv_room: bool = True,
+        join_generations: bool = True,
     ):
         torch, transformers = _import_torch()
         # before the first bf16 matmul (the dtype probe below): oneDNN reads its cache sizes once
@@ -246,11 +251,13 @@ class TransformersLLM(LLM):
             self.model, device=device, pad_id=self.pad_id, eos_ids=self.eos_ids, cache=self.prefix_cache,
             decode_ids=self._decode_ids, model_name=self.model_name, policy_version=lambda: self.policy_version,
             max_forward_tokens=int(max_forward_tokens), interleave_steps=int(interleave_steps), kv_room=kv_room,
+            max_rows=max_batch_size, join_generations=join_generations,
         )
         self.interleave_steps = int(interleave_steps)
         self._batcher: RequestBatcher[GenRequest | ScoreRequest, Completion | ScoreOutput] = RequestBatcher(
             self._engine.run, max_batch_size=max_batch_size, max_wait_s=batch_wait_ms / 1000, thread_name="hf-gen",
-            interleave=(lambda r: isinstance(r, ScoreRequest)) if self.interleave_steps > 0 else None,
+            interleave=(lambda r: join_generations or isinstance(r, ScoreRequest)) if self.interleave_steps > 0
+            else None,
         )
 
     # ------------------------------------------------------------------ public
@@ -501,6 +508,7 @@ class TransformersLLM(LLM):
             "max_context": self.max_context,
             "prefix_cache_bytes": self.prefix_cache.max_bytes,
             "interleave_steps": self.interleave_steps,
+            "join_generations": self._engine.join_generations,
             "end_of_turn_ids": list(self.end_of_turn_ids),
         }
 
