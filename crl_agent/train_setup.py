@@ -119,7 +119,8 @@ def build(cfg: TrainConfig, out: Path, dist=None) -> RunSetup:
         if main_rank:
             # a model of its own (never the actor's weights): in crl mode it trains with its own optimiser
             setup.extractor = make_llm("transformers", cfg.extractor_model or cfg.model, device=cfg.device,
-                                       dtype=cfg.dtype, seed=cfg.seed + 1, **threads)
+                                       dtype=cfg.dtype, seed=cfg.seed + 1, max_batch_size=cfg.extractor_max_batch,
+                                       **threads)
             if cfg.mode == "crl":
                 ext_trained = add_lora(setup.extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 \
                     else setup.extractor.model

@@ -481,10 +481,12 @@ def test_the_extractor_runs_on_its_own_model_and_grpo_refuses_one(tiny, tmp_path
 
     other = str(build_tiny_chat_model(tmp_path / "other", seed=1))
     cfg = TrainConfig(tasks=DOORS, mode="crl", model=tiny, extractor_model=other, dtype="float32", lora_rank=4,
-                      embedder="hash", agent_args={"max_tool_calls": 0})
+                      embedder="hash", agent_args={"max_tool_calls": 0}, extractor_max_batch=12)
     setup = build(cfg, tmp_path / "run")
     llm, agent, extractor, ext_learner = setup.llm, setup.agent, setup.extractor, setup.extractor_learner
     try:
+        # --extractor-max-batch sizes the extractor's engine (answers join its batches up to it), not the actor's
+        assert extractor.max_batch_size == extractor._engine.max_rows == 12 and llm.max_batch_size == 8
         from transformers import AutoModelForCausalLM
 
         def embedding(model):  # whatever the LoRA wrapper's prefix
