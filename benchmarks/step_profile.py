@@ -103,12 +103,12 @@ def instrument(account: Account) -> None:
     from crl_agent.rl.learner import PolicyLearner
     from crl_agent.rollout import PoolSlot
 
-    run_group, decode = ForwardEngine._run_group, ForwardEngine._decode
+    run_group, decode, join = ForwardEngine._run_group, ForwardEngine._decode, ForwardEngine._join
 
-    def timed_run_group(self, rows, cache_version, window=None):
+    def timed_run_group(self, rows, cache_version, window=None, deliver=None):
         t0 = time.perf_counter()
         self._profile_decode_s = 0.0
-        out = run_group(self, rows, cache_version, window)
+        out = run_group(self, rows, cache_version, window, deliver)
         spent = time.perf_counter() - t0 - self._profile_decode_s
         new = sum(len(r.new) for r in rows)
         padded = len(rows) * max(len(r.new) for r in rows)
@@ -119,18 +119,34 @@ def instrument(account: Account) -> None:
                     logit_rows=logit_rows, forwards=1)
         return out
 
-    def timed_decode(self, reqs, kv_cache, logits, mask, version, window=None):
+    def timed_join(self, taken, kv_cache, mask):
+        # generations that joined a decoding batch: their prefill, counted as the others' (not as decoding)
         t0 = time.perf_counter()
-        out = decode(self, reqs, kv_cache, logits, mask, version, window)
+        out = join(self, taken, kv_cache, mask)
+        spent = time.perf_counter() - t0
+        self._profile_join_s = getattr(self, "_profile_join_s", 0.0) + spent
+        rows = [r for r, _ in taken]
+        new = sum(len(r.prompt_ids) for r in rows)
+        part = "distillation" if getattr(self, "_profile_role", "actor") == "extractor" else \
+            f"{account.phase} prefill+scoring"
+        account.add(part, spent, tokens=new, padded_tokens=len(rows) * max(len(r.prompt_ids) for r in rows),
+                    logit_rows=len(rows), forwards=1)
+        return out
+
+    def timed_decode(self, reqs, kv_cache, logits, mask, version, window=None, deliver=None):
+        t0 = time.perf_counter()
+        joined_s, before = getattr(self, "_profile_join_s", 0.0), self.decoded_tokens
+        out = decode(self, reqs, kv_cache, logits, mask, version, window, deliver)
         spent = time.perf_counter() - t0
         self._profile_decode_s = getattr(self, "_profile_decode_s", 0.0) + spent
-        generated = sum(len(c.token_ids) for c in out if not isinstance(c, Exception))
+        spent -= getattr(self, "_profile_join_s", 0.0) - joined_s
+        generated = self.decoded_tokens - before  # joined requests' tokens included
         part = "distillation" if getattr(self, "_profile_role", "actor") == "extractor" else \
             f"{account.phase} decoding"
         account.add(part, spent, tokens=generated, logit_rows=generated, decode=1)
         return out
 
-    ForwardEngine._run_group, ForwardEngine._decode = timed_run_group, timed_decode
+    ForwardEngine._run_group, ForwardEngine._decode, ForwardEngine._join = timed_run_group, timed_decode, timed_join
 
     forward, backward, divergence = PolicyLearner._forward, PolicyLearner._backward, PolicyLearner.divergence
 

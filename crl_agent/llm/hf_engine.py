@@ -170,6 +170,7 @@ class ForwardEngine:
         self.max_rows = max(1, int(max_rows))
         self.join_generations = bool(join_generations)
         self.joined = 0  # generation requests that joined a decoding batch (tests and benchmarks read it)
+        self.decoded_tokens = 0  # tokens generated, joined requests' included (benchmarks read it)
         self.prefills = PrefillStats()
         self.on_decode_step: Callable[[int], None] | None = None  # observer, called after each decoding step
         self.base = model.base_model
@@ -520,6 +521,7 @@ class ForwardEngine:
                     policy_version=version, sampling_logprobs=sampled[i], model_chosen=chosen[i],
                 )
             results[i] = res
+            self.decoded_tokens += len(gen_ids[i])
             resolve = resolvers[i]
             if resolve is not None and not r.cancelled:
                 resolve(res)
