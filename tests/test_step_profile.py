@@ -78,6 +78,12 @@ def test_hostcheck_estimates_from_this_cpus_committed_profile_where_there_is_one
                        {"mode": "crl", "steps": [{"step": 1, "time_s": 90.0}], "parts": {}}]}
     (tmp_path / "some-cpu-9000.json").write_text(json.dumps(record))
     got = host.profiled_times("Some CPU 9000")
-    assert got["step_s"] == 60.0 and got["eval_s"] == 64 * 2.0 and got["crl_step_factor"] == 1.5
+    # the profile's early crl steps (1.5x) understate a whole run's: the whole-run factor stands
+    assert got["step_s"] == 60.0 and got["eval_s"] == 64 * 2.0 and got["crl_step_factor"] == host.EXPERIENCE_STEP_FACTOR
+    record["runs"][1]["steps"] = [{"step": 1, "time_s": 60.0 * (host.EXPERIENCE_STEP_FACTOR + 1)}]
+    (tmp_path / "some-cpu-9000.json").write_text(json.dumps(record))
+    got = host.profiled_times("Some CPU 9000")  # where the profile's factor is the larger, it is used
+    assert got["crl_step_factor"] == host.EXPERIENCE_STEP_FACTOR + 1
     rows = host.benchmark_costs(got["step_s"], got["eval_s"], experience_step_factor=got["crl_step_factor"])
-    assert rows[1]["seconds"] == 32 * 1.5 * 60.0 + host.EVALS_PER_RUN * host.EXPERIENCE_EVAL_FACTOR * 128.0
+    assert rows[1]["seconds"] == (32 * (host.EXPERIENCE_STEP_FACTOR + 1) * 60.0
+                                  + host.EVALS_PER_RUN * host.EXPERIENCE_EVAL_FACTOR * 128.0)
