@@ -228,8 +228,11 @@ def test_watch_rebuilds_the_site_and_the_open_page_picks_up_new_episodes(pg, siz
     run = F.write_run(tmp_path / "growing", recs[:2], {"name": "random"})
     (run / "summary.json").unlink()  # still running
     out = tmp_path / "site"
+    # SIGINT as a terminal's Ctrl-C finds it: a suite started in the background (`cmd &`) inherits it ignored,
+    # and a Python started with SIGINT ignored never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "eval.view", str(run), "--out", str(out), "--watch", "0.3"],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not (out / "data" / "site.js").exists():
