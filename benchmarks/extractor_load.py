@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -84,10 +85,7 @@ async def replay(llm: TransformersLLM, jobs, answer_every: float, workers: int) 
         nonlocal tokens
         await asyncio.sleep(delay)
         s = time.perf_counter()
-        if kind == "distil":
-            async with distil_workers:
-                c = await llm.chat(messages, params)
-        else:
+        async with distil_workers if kind == "distil" else contextlib.nullcontext():
             c = await llm.chat(messages, params)
         lat[kind].append(time.perf_counter() - s)
         tokens += c.completion_tokens

@@ -105,6 +105,11 @@ def instrument(account: Account) -> None:
 
     run_group, decode, join = ForwardEngine._run_group, ForwardEngine._decode, ForwardEngine._join
 
+    def part_of(engine, kind: str) -> str:
+        """The extractor engine's work is all distillation; the actor's is this phase's ``kind``."""
+        return "distillation" if getattr(engine, "_profile_role", "actor") == "extractor" else \
+            f"{account.phase} {kind}"
+
     def timed_run_group(self, rows, cache_version, window=None, deliver=None):
         t0 = time.perf_counter()
         self._profile_decode_s = 0.0
@@ -113,9 +118,7 @@ def instrument(account: Account) -> None:
         new = sum(len(r.new) for r in rows)
         padded = len(rows) * max(len(r.new) for r in rows)
         logit_rows = sum(sum(len(c) for c in r.req.candidates) if isinstance(r.req, ScoreRequest) else 1 for r in rows)
-        part = getattr(self, "_profile_role", "actor")
-        part = "distillation" if part == "extractor" else f"{account.phase} prefill+scoring"
-        account.add(part, spent, tokens=new, padded_tokens=padded, cached_tokens=sum(r.cached for r in rows),
+        account.add(part_of(self, "prefill+scoring"), spent, tokens=new, padded_tokens=padded, cached_tokens=sum(r.cached for r in rows),
                     logit_rows=logit_rows, forwards=1)
         return out
 
@@ -127,9 +130,7 @@ def instrument(account: Account) -> None:
         self._profile_join_s = getattr(self, "_profile_join_s", 0.0) + spent
         rows = [r for r, _ in taken]
         new = sum(len(r.prompt_ids) for r in rows)
-        part = "distillation" if getattr(self, "_profile_role", "actor") == "extractor" else \
-            f"{account.phase} prefill+scoring"
-        account.add(part, spent, tokens=new, padded_tokens=len(rows) * max(len(r.prompt_ids) for r in rows),
+        account.add(part_of(self, "prefill+scoring"), spent, tokens=new, padded_tokens=len(rows) * max(len(r.prompt_ids) for r in rows),
                     logit_rows=len(rows), forwards=1)
         return out
 
@@ -141,9 +142,7 @@ def instrument(account: Account) -> None:
         self._profile_decode_s = getattr(self, "_profile_decode_s", 0.0) + spent
         spent -= getattr(self, "_profile_join_s", 0.0) - joined_s
         generated = self.decoded_tokens - before  # joined requests' tokens included
-        part = "distillation" if getattr(self, "_profile_role", "actor") == "extractor" else \
-            f"{account.phase} decoding"
-        account.add(part, spent, tokens=generated, logit_rows=generated, decode=1)
+        account.add(part_of(self, "decoding"), spent, tokens=generated, logit_rows=generated, decode=1)
         return out
 
     ForwardEngine._run_group, ForwardEngine._decode, ForwardEngine._join = timed_run_group, timed_decode, timed_join

@@ -223,13 +223,14 @@ class ForwardEngine:
     def _take_in(self, window: BatchWindow, gen_room: int = 0) -> list[tuple[GenRequest, Callable[[Any], None]]]:
         """Run the scoring requests that arrived while decoding and deliver their results; return the
         generation requests taken to join the decoding rows (at most ``gen_room``)."""
-        room = [gen_room]
+        room = gen_room
 
         def accept(req) -> bool:
+            nonlocal room
             if isinstance(req, GenRequest):
-                if room[0] <= 0 or req.cancelled:
+                if room <= 0 or req.cancelled:
                     return False
-                room[0] -= 1
+                room -= 1
             return True
 
         late = window.take(accept)
@@ -321,8 +322,8 @@ class ForwardEngine:
 
     def _join(self, taken: list[tuple[GenRequest, Callable[[Any], None]]], kv_cache, mask):
         """Prefill the generation requests ``taken`` in mid-decode and line them up with the decoding rows:
-        returns the merged cache and mask, the new rows' first logits and the requests that started (a failed
-        prefill resolves its requests with the error)."""
+        returns the merged cache and mask and the new rows' first logits, or ``None`` for the logits where the
+        prefill failed (it resolves the requests with the error; cache and mask are then those given)."""
         torch = self.torch
         rows = [self._plan(req) for req, _ in taken]
         try:
@@ -332,7 +333,7 @@ class ForwardEngine:
         except Exception as e:  # noqa: BLE001 - fails the joining requests only
             for _, resolve in taken:
                 resolve(e)
-            return kv_cache, mask, None, []
+            return kv_cache, mask, None
         old_len, new_len = mask.shape[1], new_mask.shape[1]
         width = max(old_len, new_len)
         layers = []
@@ -349,7 +350,7 @@ class ForwardEngine:
         merged_mask = torch.zeros((mask.shape[0] + new_mask.shape[0], width), dtype=mask.dtype, device=mask.device)
         merged_mask[: mask.shape[0], :old_len] = mask
         merged_mask[mask.shape[0]:, :new_len] = new_mask
-        return merged_cache, merged_mask, logits, [req for req, _ in taken]
+        return merged_cache, merged_mask, logits
 
     def _plain_causal(self, rows: list[_Row], past: int) -> bool:
         """Whether the forward of ``rows`` is plain causal attention: generation rows only (a scoring row's
@@ -592,15 +593,15 @@ class ForwardEngine:
                 taken = self._take_in(window, room)
                 if taken:
                     joined += len(taken)
-                    kv_cache, mask, new_logits, started = self._join(taken, kv_cache, mask)
-                    if started:
+                    kv_cache, mask, new_logits = self._join(taken, kv_cache, mask)
+                    if new_logits is not None:
+                        started = [req for req, _ in taken]
                         if self.kv_room:
                             make_room(kv_cache, max(r.max_new for r in [*started, *(reqs[i] for i in active)]))
-                        by_req = {id(req): resolve for req, resolve in taken}
-                        for req in started:
+                        for req, resolve in taken:
                             active.append(len(reqs))
                             reqs.append(req)
-                            resolvers.append(by_req[id(req)])
+                            resolvers.append(resolve)
                             gens.append(torch.Generator().manual_seed(req.seed))
                             for acc in (gen_ids, lps, sampled, chosen):
                                 acc.append([])
@@ -610,7 +611,4 @@ class ForwardEngine:
                         next_pos = torch.cat([next_pos, new_pos])
                         logits = torch.cat([logits, new_logits])
                         self.joined += len(started)
-        for i in range(len(reqs)):
-            if i not in results:  # left when the batch ended
-                complete(i)
-        return [results[i] for i in range(n)]
+        return [results[i] for i in range(n)]  # every row was completed as it left the batch

@@ -46,6 +46,9 @@ class RoomyLayer(DynamicLayer):
         self._k[:, :, n : n + m] = keys
         self._v[:, :, n : n + m] = values
         self._n = n + m
+        self._views()
+
+    def _views(self) -> None:
         self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
@@ -54,18 +57,18 @@ class RoomyLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._k, self._v = self._k[indices, ...], self._v[indices, ...]
-        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        self._views()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._k = self._k.repeat_interleave(repeats, dim=0)
         self._v = self._v.repeat_interleave(repeats, dim=0)
-        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        self._views()
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count (tokens to remove from the end)")
         self._n = max(0, self._n + tokens_to_remove)
-        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        self._views()
 
     def reset(self) -> None:
         self._k = self._v = None
