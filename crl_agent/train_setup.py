@@ -110,7 +110,8 @@ def build(cfg: TrainConfig, out: Path, dist=None) -> RunSetup:
         dist.broadcast_parameters([p for p in actor_model.parameters() if p.requires_grad])  # LoRA starts random
     learner = PolicyLearner(actor_model, lr=cfg.lr, loss="ppo", clip_eps=cfg.clip_eps, token_budget=cfg.token_budget,
                             reduce_gradients=dist.reduce_gradients if many else None, kl_coef=cfg.kl_coef,
-                            entropy_coef=cfg.entropy_coef, tis_cap=cfg.tis_cap or None)
+                            entropy_coef=cfg.entropy_coef, tis_cap=cfg.tis_cap or None,
+                            gradient_checkpointing=cfg.grad_checkpointing == "on")
     opts = dict(temperature=cfg.temperature, score_norm=cfg.score_norm, action_mode="score", seed=cfg.seed,
                 history=cfg.history)
     setup = RunSetup(llm, actor_model, learner, actor_sync, agent=None)
@@ -125,7 +126,8 @@ def build(cfg: TrainConfig, out: Path, dist=None) -> RunSetup:
                 ext_trained = add_lora(setup.extractor.model, r=cfg.lora_rank) if cfg.lora_rank > 0 \
                     else setup.extractor.model
                 setup.extractor_learner = PolicyLearner(ext_trained, lr=cfg.extractor_lr, loss="cispo",
-                                                        token_budget=cfg.token_budget, tis_cap=cfg.tis_cap or None)
+                                                        token_budget=cfg.token_budget, tis_cap=cfg.tis_cap or None,
+                                                        gradient_checkpointing=cfg.grad_checkpointing != "off")
                 setup.extractor_sync = SharedWeights(setup.extractor)
         extra = dict(cfg.agent_args)
         manager_config = {**manager_settings(cfg), **extra.pop("manager_config", {})}

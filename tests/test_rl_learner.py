@@ -453,3 +453,69 @@ def test_later_epochs_keep_the_first_epochs_learner_logprobs_as_the_old_policy(m
     for k in ("is_logp_diff", "is_ratio_mean", "is_ratio_max", "is_truncated"):
         assert second[k] == pytest.approx(first[k], rel=1e-5), k
     assert second["ratio_mean"] != pytest.approx(1.0, abs=1e-4)  # the learner moved; the engine did not count
+
+
+def saved_bytes(fn):
+    """Bytes of the tensors autograd keeps for the backward pass while ``fn`` runs its forward."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return total, out
+
+
+@pytest.mark.parametrize("score_method", ["packed", "cache"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_gives_the_same_gradient(model, score_method, lora):
+    if lora:
+        pytest.importorskip("peft")
+        model = add_lora(model, r=4)
+    samples = make_samples(model)
+    plain = PolicyLearner(copy.deepcopy(model), lr=1e-3, max_grad_norm=None, score_method=score_method)
+    want = grads_at_step(plain)
+    plain.update(copy.deepcopy(samples))
+    learner = PolicyLearner(model, lr=1e-3, max_grad_norm=None, score_method=score_method, gradient_checkpointing=True)
+    seen = grads_at_step(learner)
+    metrics = learner.update(samples)
+    assert metrics["updated"] == 1
+    assert_same_grads(seen[0], want[0])
+    # the layers are themselves again after the update
+    from crl_agent.rl.recompute import decoder_layers
+
+    assert all("forward" not in vars(layer) for layer in decoder_layers(model))
+
+
+def test_gradient_checkpointing_keeps_a_fraction_of_the_activations(model):
+    from crl_agent.rl import recomputed_layers
+
+    prompt = torch.randint(3, 259, (4, 96), generator=torch.Generator().manual_seed(1))
+
+    def forward():
+        return batch_sequence_logprobs(model, prompt[:, :48].tolist(), prompt[:, 48:].tolist())[0]
+
+    kept, lp = saved_bytes(forward)
+    with recomputed_layers(model):
+        kept_ckpt, lp_ckpt = saved_bytes(forward)
+        grad_ckpt = torch.autograd.grad(lp_ckpt.sum(), [p for p in model.parameters() if p.requires_grad])
+    grad = torch.autograd.grad(lp.sum(), [p for p in model.parameters() if p.requires_grad])
+    assert kept_ckpt < 0.5 * kept, (kept_ckpt, kept)
+    assert_same_grads(grad_ckpt, grad)
+    # without gradient (scoring, generation) nothing is wrapped in a checkpoint: the same values
+    with torch.no_grad(), recomputed_layers(model):
+        torch.testing.assert_close(forward(), lp.detach())
+
+
+def test_gradient_checkpointing_refuses_a_model_without_layers():
+    class Flat(torch.nn.Module):
+        def get_decoder(self):
+            return torch.nn.Linear(2, 2)
+
+    flat = Flat()
+    flat.w = torch.nn.Parameter(torch.zeros(1))
+    with pytest.raises(TypeError, match="no list of layers"):
+        PolicyLearner(flat, gradient_checkpointing=True)

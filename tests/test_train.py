@@ -56,6 +56,8 @@ def test_each_part_of_a_step_is_timed_apart_and_the_diagnostics_run_every_n_step
     assert all(r["actor/samples_used"] > 0 or r["actor/updated"] == 0 for r in rows)
     with pytest.raises(ValueError, match="--diagnose-every"):
         TrainConfig(diagnose_every=-1).check()
+    with pytest.raises(ValueError, match="--grad-checkpointing must be one of"):
+        TrainConfig(grad_checkpointing="yes").check()
 
 
 def test_one_crl_step_end_to_end_with_checkpoint_resume_and_config_refusal(tiny, tmp_path):
@@ -481,12 +483,15 @@ def test_the_extractor_runs_on_its_own_model_and_grpo_refuses_one(tiny, tmp_path
 
     other = str(build_tiny_chat_model(tmp_path / "other", seed=1))
     cfg = TrainConfig(tasks=DOORS, mode="crl", model=tiny, extractor_model=other, dtype="float32", lora_rank=4,
-                      embedder="hash", agent_args={"max_tool_calls": 0}, extractor_max_batch=12)
+                      embedder="hash", agent_args={"max_tool_calls": 0}, extractor_max_batch=12,
+                      grad_checkpointing="extractor")
     setup = build(cfg, tmp_path / "run")
     llm, agent, extractor, ext_learner = setup.llm, setup.agent, setup.extractor, setup.extractor_learner
     try:
         # --extractor-max-batch sizes the extractor's engine (answers join its batches up to it), not the actor's
         assert extractor.max_batch_size == extractor._engine.max_rows == 12 and llm.max_batch_size == 8
+        # --grad-checkpointing extractor: only the extractor's learner recomputes its activations
+        assert ext_learner.gradient_checkpointing and not setup.learner.gradient_checkpointing
         from transformers import AutoModelForCausalLM
 
         def embedding(model):  # whatever the LoRA wrapper's prefix

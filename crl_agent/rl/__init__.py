@@ -13,7 +13,8 @@ The pieces a trainer (``python -m crl_agent.train``) imports, each a small modul
 - :mod:`~crl_agent.rl.samples`: ``TurnSample`` (one actor turn as sampled, score or generate mode);
   :mod:`~crl_agent.rl.batches`: ``turn_samples`` (the actor's batch from episodes, with the loss
   weighting) and ``extractor_samples`` (the extractor's CISPO batch from meta-rewarded calls);
-  :mod:`~crl_agent.rl.learner`: ``PolicyLearner`` (one AdamW update per call).
+  :mod:`~crl_agent.rl.learner`: ``PolicyLearner`` (one AdamW update per call);
+  :mod:`~crl_agent.rl.recompute`: ``recomputed_layers`` (its gradient checkpointing).
 - :mod:`~crl_agent.rl.weight_sync`: ``SharedWeights`` and ``ExportedAdapter``, how new weights reach
   the backend that samples the next rollouts.
 - :mod:`~crl_agent.rl.lora`: ``add_lora``; :mod:`~crl_agent.rl.checkpoint`: atomic checkpoints and
@@ -67,6 +68,7 @@ _EXPORTS = {
     "Checkpoint": "checkpoint",
     "config_diff": "checkpoint",
     "Distributed": "distributed",
+    "recomputed_layers": "recompute",
 }
 
 __all__ = sorted(_EXPORTS)
