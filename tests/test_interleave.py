@@ -208,12 +208,22 @@ def _gen_req(llm, chat, max_new, temperature=0.0, seed=0):
     return GenRequest(llm.render(chat), SamplingParams(max_tokens=max_new, temperature=temperature), max_new, seed)
 
 
-def test_generations_that_arrive_mid_decode_join_the_batch_and_decode_what_they_would_alone(tiny):
+@pytest.mark.parametrize("kv_room", [True, False])
+def test_generations_that_arrive_mid_decode_join_the_batch_and_decode_what_they_would_alone(tiny, kv_room,
+                                                                                           monkeypatch):
     """Two chats offered at decoding step 2 of a 40-token generation join it at step 4, return long before it
-    ends, and decode the tokens (and log-probs) they decode alone; the long row is undisturbed."""
+    ends, and decode the tokens (and log-probs) they decode alone; the long row is undisturbed. With kv_room
+    the joined rows are written once into buffers with room (no second copy by make_room); without it the
+    plain copying cache merges them."""
+    from crl_agent.llm import kv_room as kv_room_module
+
+    made = []
+    real = kv_room_module.make_room
+    monkeypatch.setattr(kv_room_module, "make_room", lambda cache, room: (made.append(room), real(cache, room))[1])
     llm = TransformersLLM(tiny, dtype="float32", prefix_cache_bytes=2**26, interleave_steps=4)
     llm.eos_ids = set()
     engine = llm._engine
+    engine.kv_room = kv_room
     long = _gen_req(llm, CHAT, 40)
     shorts = {"greedy": _gen_req(llm, ASK, 6), "sampled": _gen_req(llm, ASK + [{"role": "user", "content": "Go."}],
                                                                     8, temperature=1.0, seed=7)}
@@ -230,6 +240,7 @@ def test_generations_that_arrive_mid_decode_join_the_batch_and_decode_what_they_
         got_long = engine.run([long], window)[0]
         engine.on_decode_step = None
         assert engine.joined == 2 and not window.inbox
+        assert made == ([40] if kv_room else [])  # the batch's start only: the join wrote into room itself
         for name, req in shorts.items():
             res, step = window.resolved[name]
             alone = engine.run([type(req)(**req.__dict__)])[0]

@@ -320,10 +320,12 @@ class ForwardEngine:
                 results[b] = c
         return results
 
-    def _join(self, taken: list[tuple[GenRequest, Callable[[Any], None]]], kv_cache, mask):
+    def _join(self, taken: list[tuple[GenRequest, Callable[[Any], None]]], kv_cache, mask, room: int = 0):
         """Prefill the generation requests ``taken`` in mid-decode and line them up with the decoding rows:
         returns the merged cache and mask and the new rows' first logits, or ``None`` for the logits where the
-        prefill failed (it resolves the requests with the error; cache and mask are then those given)."""
+        prefill failed (it resolves the requests with the error; cache and mask are then those given).
+        ``room`` > 0 (``kv_room``): the merged keys/values are written once, into buffers with room for that
+        many more tokens (:class:`~crl_agent.llm.kv_room.RoomyLayer`), not merged and then copied again."""
         torch = self.torch
         rows = [self._plan(req) for req, _ in taken]
         try:
@@ -341,12 +343,18 @@ class ForwardEngine:
             kv = []
             for a, b in ((old.keys, new.keys), (old.values, new.values)):
                 # the decoding rows' columns, then the new rows' columns; the gap each leaves is masked out
-                merged = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3]))
+                merged = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width + room, a.shape[3]))
                 merged[: a.shape[0], :, : a.shape[2]] = a
                 merged[a.shape[0]:, :, : b.shape[2]] = b
                 kv.append(merged)
             layers.append(tuple(kv))
-        merged_cache = self.transformers.DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        if room > 0:
+            from crl_agent.llm.kv_room import RoomyLayer
+
+            merged_cache = self.transformers.DynamicCache(config=self.model.config)
+            merged_cache.layers = [RoomyLayer.over(k, v, width) for k, v in layers]
+        else:
+            merged_cache = self.transformers.DynamicCache(ddp_cache_data=layers, config=self.model.config)
         merged_mask = torch.zeros((mask.shape[0] + new_mask.shape[0], width), dtype=mask.dtype, device=mask.device)
         merged_mask[: mask.shape[0], :old_len] = mask
         merged_mask[mask.shape[0]:, :new_len] = new_mask
@@ -593,11 +601,10 @@ class ForwardEngine:
                 taken = self._take_in(window, room)
                 if taken:
                     joined += len(taken)
-                    kv_cache, mask, new_logits = self._join(taken, kv_cache, mask)
+                    started = [req for req, _ in taken]
+                    room = max(r.max_new for r in [*started, *(reqs[i] for i in active)]) if self.kv_room else 0
+                    kv_cache, mask, new_logits = self._join(taken, kv_cache, mask, room)
                     if new_logits is not None:
-                        started = [req for req, _ in taken]
-                        if self.kv_room:
-                            make_room(kv_cache, max(r.max_new for r in [*started, *(reqs[i] for i in active)]))
                         for req, resolve in taken:
                             active.append(len(reqs))
                             reqs.append(req)

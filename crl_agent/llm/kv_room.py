@@ -30,6 +30,17 @@ class RoomyLayer(DynamicLayer):
         self._reserve(keys, values, keys.shape[-2] + max(0, int(room)))
         self._write(keys, values)
 
+    @classmethod
+    def over(cls, k_buffer: torch.Tensor, v_buffer: torch.Tensor, filled: int) -> RoomyLayer:
+        """A layer over buffers whose first ``filled`` positions already hold the keys/values (no copy: a
+        batch that merges rows writes them straight into buffers with room)."""
+        layer = cls.__new__(cls)
+        DynamicLayer.__init__(layer)
+        layer.device, layer.is_initialized = k_buffer.device, True
+        layer._k, layer._v, layer._n = k_buffer, v_buffer, int(filled)
+        layer._views()
+        return layer
+
     def _reserve(self, like_k: torch.Tensor, like_v: torch.Tensor, capacity: int) -> None:
         b, h, _, d = like_k.shape
         k = like_k.new_empty((b, h, capacity, d))
