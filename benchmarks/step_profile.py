@@ -12,7 +12,8 @@ own), with the trainer's parts wrapped in timers, and prints for each part:
 - ``old-log-prob pass``: a no-gradient forward for PPO's old log-probs. With one PPO epoch on the weights
   that sampled, :class:`crl_agent.rl.PolicyLearner` takes them from the update's own forward (detached),
   so there is none; a non-zero line means a separate pass ran;
-- ``update forward`` / ``update backward``: :meth:`PolicyLearner._forward` and ``_backward`` of the actor;
+- ``update forward`` / ``update backward``: :meth:`PolicyLearner._forward` and ``_backward`` of the actor
+  (under ``--grad-checkpointing`` the backward reruns the decoder's forward: its ``recomputed_tokens``);
 - ``diagnostics``: :meth:`PolicyLearner.divergence` (two no-gradient forwards, every ``--diagnose-every``);
 - ``distillation``: the extractor engine's forwards and decoding (crl);
 - ``extractor update``: the extractor learner's forward and backward (crl);
@@ -122,10 +123,10 @@ def instrument(account: Account) -> None:
                     logit_rows=logit_rows, forwards=1)
         return out
 
-    def timed_join(self, taken, kv_cache, mask):
+    def timed_join(self, taken, kv_cache, mask, room=0):
         # generations that joined a decoding batch: their prefill, counted as the others' (not as decoding)
         t0 = time.perf_counter()
-        out = join(self, taken, kv_cache, mask)
+        out = join(self, taken, kv_cache, mask, room)
         spent = time.perf_counter() - t0
         self._profile_join_s = getattr(self, "_profile_join_s", 0.0) + spent
         rows = [r for r, _ in taken]
@@ -167,7 +168,10 @@ def instrument(account: Account) -> None:
         t0 = time.perf_counter()
         backward(self, loss)
         tokens, rows = getattr(self, "_profile_last", (0, 0))
-        account.add(learner_part(self, "backward"), time.perf_counter() - t0, tokens=tokens, logit_rows=rows)
+        # under gradient checkpointing the backward also reruns the decoder's forward: counted apart, not as
+        # FLOPs the update needs (so the ratio to the limit shows what the recomputation costs)
+        account.add(learner_part(self, "backward"), time.perf_counter() - t0, tokens=tokens, logit_rows=rows,
+                    recomputed_tokens=tokens if getattr(self, "gradient_checkpointing", False) else 0)
 
     def timed_divergence(self, samples):
         t0 = time.perf_counter()
@@ -301,8 +305,9 @@ def table(account: Account, gflops: float, steps: int) -> dict[str, dict[str, fl
                           ("extractor update backward", "extractor update backward", extractor)):
         q = p.get(key, {})
         fn = backward_flops if "backward" in name else forward_flops
+        extra = {"recomputed_tokens": q.get("recomputed_tokens", 0.0)} if "backward" in name else {}
         put(name, q.get("seconds", 0.0), q.get("tokens", 0.0), fn(sz, q.get("tokens", 0.0), q.get("logit_rows", 0.0)),
-            padded_tokens=q.get("padded_tokens", 0.0))
+            padded_tokens=q.get("padded_tokens", 0.0), **extra)
     d = p.get("diagnostics", {})
     put("diagnostics", d.get("seconds", 0.0), d.get("tokens", 0.0), forward_flops(actor, d.get("tokens", 0.0),
                                                                                    d.get("logit_rows", 0.0)))

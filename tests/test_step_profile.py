@@ -87,3 +87,28 @@ def test_hostcheck_estimates_from_this_cpus_committed_profile_where_there_is_one
     rows = host.benchmark_costs(got["step_s"], got["eval_s"], experience_step_factor=got["crl_step_factor"])
     assert rows[1]["seconds"] == (32 * (host.EXPERIENCE_STEP_FACTOR + 1) * 60.0
                                   + host.EVALS_PER_RUN * host.EXPERIENCE_EVAL_FACTOR * 128.0)
+
+
+def test_the_instrumented_methods_keep_the_signatures_they_wrap(monkeypatch):
+    """The profile wraps private engine and learner methods; a wrapper whose parameters drift from the method's
+    (the engine's ``_join`` gained ``room``) breaks a real crl step, which no tiny grpo step reaches."""
+    import inspect
+
+    import crl_agent.train as T
+    from crl_agent.llm.hf_engine import ForwardEngine
+    from crl_agent.rl.learner import PolicyLearner
+    from crl_agent.rollout import PoolSlot
+
+    owners = {ForwardEngine: ("_run_group", "_decode", "_join"), PolicyLearner: ("_forward", "_backward", "divergence")}
+    before = {(cls, name): getattr(cls, name) for cls, names in owners.items() for name in names}
+    for cls, name in before:  # instrument() replaces them: monkeypatch puts them back afterwards
+        monkeypatch.setattr(cls, name, before[cls, name])
+    monkeypatch.setattr(PoolSlot, "step", PoolSlot.step)
+    for name in ("build_run", "rollout", "actor_update", "evaluate", "held_out_evaluation"):
+        if hasattr(T, name):
+            monkeypatch.setattr(T, name, getattr(T, name))
+    step_profile.instrument(step_profile.Account())
+    for (cls, name), original in before.items():
+        wrapped = getattr(cls, name)
+        assert wrapped is not original, name
+        assert list(inspect.signature(wrapped).parameters) == list(inspect.signature(original).parameters), name
