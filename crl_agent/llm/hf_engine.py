@@ -136,6 +136,8 @@ class ForwardEngine:
         join_generations: generation requests that arrive while a batch decodes join it (up to ``max_rows``
             rows, and at most ``max_rows`` joined per batch, so the batch ends and weight syncs get their
             turn); False: they wait for the next batch.
+        fold_lora: forwards read LoRA adapters folded into their layers' weights, recomputed after each
+            weight change (:mod:`crl_agent.llm.lora_fold`); False: peft's two extra matmuls per layer.
     """
 
     def __init__(
@@ -155,9 +157,12 @@ class ForwardEngine:
         kv_room: bool = True,
         max_rows: int = 8,
         join_generations: bool = True,
+        fold_lora: bool = True,
     ):
         import torch
         import transformers
+
+        from crl_agent.llm.lora_fold import FoldedLoRA
 
         self.torch, self.transformers = torch, transformers
         self.model, self.device, self.pad_id, self.eos_ids = model, device, pad_id, eos_ids
@@ -169,6 +174,7 @@ class ForwardEngine:
         self.kv_room = bool(kv_room)
         self.max_rows = max(1, int(max_rows))
         self.join_generations = bool(join_generations)
+        self.fold = FoldedLoRA(model, enabled=fold_lora, version=policy_version)
         self.joined = 0  # generation requests that joined a decoding batch (tests and benchmarks read it)
         self.decoded_tokens = 0  # tokens generated, joined requests' included (benchmarks read it)
         self.prefills = PrefillStats()
@@ -205,7 +211,7 @@ class ForwardEngine:
             groups.append([i])
         if gens:  # after the scores: they are short, and must not wait for decoding
             groups.append(gens)
-        with torch.inference_mode():
+        with torch.inference_mode(), self.fold.active():
             for group in groups:
                 deliver = None if window is None else [lambda res, i=i: window.deliver(i, res) for i in group]
                 try:

@@ -164,6 +164,9 @@ class TransformersLLM(LLM):
             (:mod:`crl_agent.llm.kv_room`); False: the copying dynamic cache (for comparisons).
         join_generations: a chat that arrives while a batch decodes joins it at the next interleave point
             (up to ``max_batch_size`` rows) instead of waiting for the whole batch; needs ``interleave_steps``.
+        fold_lora: a LoRA adapter that a trainer puts on the model (in place, as ``add_lora``) is read
+            folded into the weights by the engine's forwards, refolded after each update
+            (:mod:`crl_agent.llm.lora_fold`); False: peft's own forward (for comparisons).
     """
 
     name = "transformers"
@@ -187,6 +190,7 @@ class TransformersLLM(LLM):
         interleave_steps: int = 4,
         kv_room: bool = True,
         join_generations: bool = True,
+        fold_lora: bool = True,
     ):
         torch, transformers = _import_torch()
         # before the first bf16 matmul (the dtype probe below): oneDNN reads its cache sizes once
@@ -251,7 +255,7 @@ class TransformersLLM(LLM):
             self.model, device=device, pad_id=self.pad_id, eos_ids=self.eos_ids, cache=self.prefix_cache,
             decode_ids=self._decode_ids, model_name=self.model_name, policy_version=lambda: self.policy_version,
             max_forward_tokens=int(max_forward_tokens), interleave_steps=int(interleave_steps), kv_room=kv_room,
-            max_rows=max_batch_size, join_generations=join_generations,
+            max_rows=max_batch_size, join_generations=join_generations, fold_lora=fold_lora,
         )
         self.interleave_steps = int(interleave_steps)
         self._batcher: RequestBatcher[GenRequest | ScoreRequest, Completion | ScoreOutput] = RequestBatcher(
