@@ -559,21 +559,28 @@ async def evaluate(cfg: TrainConfig, pool, agent, step: int, dist=None, record: 
     Under torchrun each rank plays its share of the seeds and every rank gets the same row."""
     seeds = range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes)
     row: dict[str, Any] = {"step": step}
-    for with_exp in ([False, True] if cfg.experience else [False]):
-        await _evaluate_half(cfg, pool, agent, seeds, with_exp, row, dist, record)
-    return row
-
-
-async def _evaluate_half(cfg: TrainConfig, pool, agent, seeds: range, with_exp: bool, row: dict[str, Any], dist=None,
-                         record: Path | None = None) -> None:
-    from crl_agent.train_evals import episode_lines, eval_folder, write_eval
-
     tasks = cfg.task_ids
     todo = [(task, i) for task in tasks for i in range(len(seeds))]
     mine = dist.share(len(todo)) if dist is not None else range(len(todo))
-    ctxs = [EpisodeContext(todo[j][0], seeds[todo[j][1]], todo[j][1], with_experience=with_exp, explore=0.0,
-                           learning=False) for j in mine]
-    eps = await play(pool, agent, ctxs)
+    halves = {with_exp: [EpisodeContext(todo[j][0], seeds[todo[j][1]], todo[j][1], with_experience=with_exp,
+                                        explore=0.0, learning=False) for j in mine]
+              for with_exp in ([False, True] if cfg.experience else [False])}
+    # both halves through the pool at once: one tail of slow episodes instead of two, and the half without
+    # experience plays while the other waits on search-and-ask answers (held-out episodes change nothing
+    # the other half reads: they are neither distilled nor counted, see EpisodeContext.learning)
+    played = await play(pool, agent, [c for ctxs in halves.values() for c in ctxs])
+    start = 0
+    for with_exp, ctxs in halves.items():
+        _summarise_half(cfg, seeds, with_exp, ctxs, played[start : start + len(ctxs)], row, dist, record)
+        start += len(ctxs)
+    return row
+
+
+def _summarise_half(cfg: TrainConfig, seeds: range, with_exp: bool, ctxs: list[EpisodeContext], eps: list[Episode],
+                    row: dict[str, Any], dist=None, record: Path | None = None) -> None:
+    from crl_agent.train_evals import episode_lines, eval_folder, write_eval
+
+    tasks = cfg.task_ids
     results = [(c.env_id, e.success, e.error is not None, e.actions) for c, e in zip(ctxs, eps, strict=True)]
     if dist is not None:
         results = [r for part in dist.gather(results) for r in part]

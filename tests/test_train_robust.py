@@ -106,6 +106,30 @@ def test_dynamic_sampling_drops_a_half_whose_outcomes_are_all_alike_and_reports_
     assert len(plain.contexts) == 8 and plain.extra_groups == 0 and plain.signal_batch == 0.25
 
 
+def test_held_out_halves_play_through_the_pool_at_once_and_are_scored_apart(monkeypatch, tmp_path):
+    import crl_agent.train as tr
+    from crl_agent.episode import Episode
+
+    calls = []
+
+    async def play(pool, agent, ctxs):  # seeds below 1_000_002 win with experience, none without
+        calls.append(list(ctxs))
+        return [Episode(c.env_id, c.seed, c.sample, success=c.with_experience and c.seed < 1_000_002, actions=3)
+                for c in ctxs]
+
+    monkeypatch.setattr(tr, "play", play)
+    cfg = TrainConfig(tasks=RARE, mode="crl", eval_episodes=4)
+    row = asyncio.run(tr.evaluate(cfg, None, object(), 8, record=tmp_path))
+    assert len(calls) == 1 and len(calls[0]) == 8  # one pool run: both halves' episodes together
+    assert [c.with_experience for c in calls[0]] == [False] * 4 + [True] * 4
+    assert all(not c.learning and c.explore == 0.0 for c in calls[0])
+    assert row["success"] == 0.0 and row["with_experience"] == 0.5 and row["mean_actions_with_experience"] == 3
+    assert (tmp_path / "evals" / "step-0008" / "with_experience").is_dir()
+    assert (tmp_path / "evals" / "step-0008" / "without_experience").is_dir()
+    grpo = asyncio.run(tr.evaluate(dataclasses.replace(cfg, mode="grpo"), None, object(), 8))
+    assert len(calls[-1]) == 4 and "with_experience" not in grpo and grpo["success"] == 0.0
+
+
 def test_dynamic_sampling_seeds_stay_below_the_held_out_range_and_do_not_repeat_the_scheduled_ones():
     from crl_agent.train import group_seed
 
