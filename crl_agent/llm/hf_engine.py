@@ -349,7 +349,8 @@ class ForwardEngine:
             kv = []
             for a, b in ((old.keys, new.keys), (old.values, new.values)):
                 # the decoding rows' columns, then the new rows' columns; the gap each leaves is masked out
-                merged = a.new_zeros((a.shape[0] + b.shape[0], a.shape[1], width + room, a.shape[3]))
+                merged = a.new_empty((a.shape[0] + b.shape[0], a.shape[1], width + room, a.shape[3]))
+                merged[:, :, :width].zero_()  # the room after ``width`` is written before it is read
                 merged[: a.shape[0], :, : a.shape[2]] = a
                 merged[a.shape[0]:, :, : b.shape[2]] = b
                 kv.append(merged)
@@ -608,8 +609,8 @@ class ForwardEngine:
                 if taken:
                     joined += len(taken)
                     started = [req for req, _ in taken]
-                    room = max(r.max_new for r in [*started, *(reqs[i] for i in active)]) if self.kv_room else 0
-                    kv_cache, mask, new_logits = self._join(taken, kv_cache, mask, room)
+                    to_come = max(r.max_new for r in [*started, *(reqs[i] for i in active)]) if self.kv_room else 0
+                    kv_cache, mask, new_logits = self._join(taken, kv_cache, mask, to_come)
                     if new_logits is not None:
                         for req, resolve in taken:
                             active.append(len(reqs))
